@@ -1,0 +1,464 @@
+//! The engine half: registration, abort, fence, clock and decisions. Owns every table
+//! the ingest thread only reads.
+
+use crate::Millis;
+use crate::counters::EngineCounters;
+use crate::error::{AbortError, ClockError, RegisterError, RegisterErrorKind};
+use crate::fingerprint::Fingerprint;
+use crate::ledger::Config;
+use crate::shared::Shared;
+use crate::slot::EdgeClaim;
+use crate::state_word::{ForceFree, Phase, Quarantine, Resolved, Snapshot};
+use crate::sync::Ordering;
+use crate::ticket::{
+    AgentId, BlockHandle, Counting, Decision, Drained, Expect, Failed, Outstanding,
+    QuarantineCause, Quarantined, Registration, Released, RequestKey,
+};
+use crate::timers::Timers;
+use crate::tombstones::TombstoneAges;
+
+/// Owner-only facts about a slot's request.
+#[derive(Clone, Copy, Debug)]
+struct Request {
+    key: u64,
+    blocks: u64,
+    generation: u32,
+    deadline: Millis,
+    bucket: u32,
+    fp: Fingerprint,
+    live: bool,
+}
+
+const VACANT: Request = Request {
+    key: 0,
+    blocks: 0,
+    generation: 0,
+    deadline: 0,
+    bucket: 0,
+    fp: Fingerprint { lo: 0, hi: 0 },
+    live: false,
+};
+
+/// Everything only the engine thread touches.
+#[derive(Debug)]
+pub(crate) struct Owner<const N: usize> {
+    config: Config,
+    now: Millis,
+    next_key: u64,
+    live: usize,
+    free: [u32; N],
+    free_len: usize,
+    requests: [Request; N],
+    timers: Timers<N>,
+    ages: TombstoneAges<N>,
+    /// Slots touched by one clock advance or fence, sorted into registration order.
+    batch: [u32; N],
+    counters: EngineCounters,
+}
+
+impl<const N: usize> Owner<N> {
+    pub(crate) fn new(config: Config) -> Self {
+        Owner {
+            config,
+            now: 0,
+            next_key: 0,
+            live: 0,
+            // Popped from the end: slot 0 first.
+            free: core::array::from_fn(|i| (N - 1 - i) as u32),
+            free_len: N,
+            requests: [VACANT; N],
+            timers: Timers::new(),
+            ages: TombstoneAges::new(),
+            batch: [0; N],
+            counters: EngineCounters::default(),
+        }
+    }
+    pub(crate) fn now(&self) -> Millis {
+        self.now
+    }
+    pub(crate) fn live(&self) -> usize {
+        self.live
+    }
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+    pub(crate) fn counters(&self) -> &EngineCounters {
+        &self.counters
+    }
+    pub(crate) fn next_timer(&self) -> Option<Millis> {
+        self.timers.next_due()
+    }
+}
+
+/// The engine half of a [`Ledger`](crate::Ledger): registration, abort, fence, clock and
+/// decisions. One per ledger, on the scheduler thread.
+#[derive(Debug)]
+pub struct Engine<'l, const N: usize, const E: usize> {
+    shared: &'l Shared<N, E>,
+    owner: &'l mut Owner<N>,
+}
+
+fn valid_expect<const E: usize>(expect: &Expect<'_>) -> Result<(), RegisterErrorKind> {
+    match *expect {
+        Expect::Count(n) if (1..=64).contains(&n) => Ok(()),
+        Expect::Count(_) => Err(RegisterErrorKind::BadCount),
+        Expect::Edges(agents) => {
+            let distinct = agents
+                .iter()
+                .enumerate()
+                .all(|(i, a)| !agents[..i].contains(a));
+            if agents.is_empty() || agents.len() > E || !distinct {
+                Err(RegisterErrorKind::BadEdges)
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
+
+impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
+    pub(crate) fn new(shared: &'l Shared<N, E>, owner: &'l mut Owner<N>) -> Self {
+        Engine { shared, owner }
+    }
+
+    /// Starts tracking a request: it now waits for its edges until its deadline.
+    ///
+    /// # Errors
+    /// The registration comes back unchanged inside [`RegisterError`] when the id is
+    /// tracked already (`DuplicateId`), the table holds `capacity` requests (`Full`:
+    /// nothing else changes, no request is evicted), or the expectation is invalid.
+    pub fn register<'r>(
+        &mut self,
+        registration: Registration<'r>,
+    ) -> Result<Counting, RegisterError<'r>> {
+        let refuse = |kind, registration| Err(RegisterError { kind, registration });
+        if let Err(kind) = valid_expect::<E>(&registration.expect) {
+            self.owner.counters.rejected_invalid += 1;
+            return refuse(kind, registration);
+        }
+        let fp = self.shared.fingerprint(registration.id);
+        if self.shared.find(fp).is_some() {
+            self.owner.counters.rejected_duplicate_id += 1;
+            return refuse(RegisterErrorKind::DuplicateId, registration);
+        }
+        if self.owner.live >= self.owner.config.capacity || self.owner.free_len == 0 {
+            self.owner.counters.rejected_full += 1;
+            return refuse(RegisterErrorKind::Full, registration);
+        }
+        self.owner.free_len -= 1;
+        let slot = self.owner.free[self.owner.free_len];
+        let shared = &self.shared.slots[slot as usize];
+        let generation = shared.state.load(Ordering::Relaxed).generation();
+        let (agents, outstanding): (&[AgentId], u32) = match registration.expect {
+            Expect::Count(n) => (&[], u32::from(n)),
+            Expect::Edges(agents) => (agents, agents.len() as u32),
+        };
+        shared.write(fp, generation, agents);
+        shared.state.publish(generation, outstanding);
+        let bucket = self.shared.index.insert(fp, slot) as u32;
+        let key = self.owner.next_key;
+        self.owner.next_key += 1;
+        let deadline = self.owner.now.saturating_add(
+            registration
+                .deadline_ms
+                .unwrap_or(self.owner.config.deadline_ms),
+        );
+        self.owner.requests[slot as usize] = Request {
+            key,
+            blocks: registration.blocks.0,
+            generation,
+            deadline,
+            bucket,
+            fp,
+            live: true,
+        };
+        self.owner.timers.set(slot, deadline, key);
+        self.owner.live += 1;
+        self.owner.counters.registered += 1;
+        Ok(Counting {
+            key: RequestKey(key),
+            slot,
+            generation,
+        })
+    }
+
+    /// Aborts the request of `ticket`: it is over for the client now; its blocks stay
+    /// fenced until every edge resolves (a `Released` from [`poll`](Self::poll) or
+    /// [`fence`](Self::fence)) or `quarantine_ms` runs out (a forced `Released` from
+    /// [`advance`](Self::advance)).
+    ///
+    /// # Errors
+    /// [`AbortError::Late`] if the request was decided first.
+    pub fn abort(&mut self, ticket: Counting) -> Result<Quarantined, AbortError> {
+        let r = &self.owner.requests[ticket.slot as usize];
+        if !r.live || r.key != ticket.key.0 {
+            self.owner.counters.abort_late += 1;
+            return Err(AbortError::Late);
+        }
+        self.abort_slot(ticket.slot)
+    }
+
+    /// Aborts a request by id (for callers that keep ids rather than tickets).
+    ///
+    /// # Errors
+    /// [`AbortError::Unknown`] if no such request is tracked or remembered,
+    /// [`AbortError::Late`] if it was decided already.
+    pub fn abort_id(&mut self, id: &str) -> Result<Quarantined, AbortError> {
+        let fp = self.shared.fingerprint(id);
+        match self.shared.find(fp) {
+            Some(found) => self.abort_slot(found.slot),
+            None if self.shared.tombstones.contains(fp) => {
+                self.owner.counters.abort_late += 1;
+                Err(AbortError::Late)
+            }
+            None => {
+                self.owner.counters.abort_unknown += 1;
+                Err(AbortError::Unknown)
+            }
+        }
+    }
+
+    fn abort_slot(&mut self, slot: u32) -> Result<Quarantined, AbortError> {
+        let r = self.owner.requests[slot as usize];
+        match self.shared.slots[slot as usize]
+            .state
+            .quarantine(r.generation, Phase::Aborted)
+        {
+            Quarantine::Entered(s) => {
+                let end = self
+                    .owner
+                    .now
+                    .saturating_add(self.owner.config.quarantine_ms);
+                self.owner.timers.set(slot, end, r.key);
+                self.owner.counters.aborted += 1;
+                Ok(self.quarantined(slot, s, QuarantineCause::Aborted))
+            }
+            Quarantine::AlreadyDrained | Quarantine::AlreadyQuarantined | Quarantine::Recycled => {
+                self.owner.counters.abort_late += 1;
+                Err(AbortError::Late)
+            }
+        }
+    }
+
+    fn quarantined(&self, slot: u32, s: Snapshot, cause: QuarantineCause) -> Quarantined {
+        let r = &self.owner.requests[slot as usize];
+        let shared = &self.shared.slots[slot as usize];
+        let named = shared.named();
+        let outstanding = if named == 0 {
+            Outstanding::Count(s.outstanding() as u8)
+        } else {
+            Outstanding::Edges(shared.unresolved_edges(named, r.generation))
+        };
+        Quarantined {
+            key: RequestKey(r.key),
+            cause,
+            outstanding,
+        }
+    }
+
+    /// The transport confirmed that `agent` can no longer write here: resolves, as
+    /// failed, every outstanding named edge of `agent` now. Counting-mode requests are not
+    /// touched (nobody knows which notices the agent still owed). Requests whose last
+    /// edge this resolves are decided at once, in registration order. Returns the number
+    /// of edges resolved. `O(N·E)`: fences are rare.
+    pub fn fence(&mut self, agent: AgentId, mut emit: impl FnMut(Decision)) -> u32 {
+        let mut resolved = 0;
+        let mut batch = 0;
+        for slot in 0..N as u32 {
+            let r = &self.owner.requests[slot as usize];
+            let shared = &self.shared.slots[slot as usize];
+            if !r.live || shared.named() == 0 {
+                continue;
+            }
+            if shared.claim_edge(shared.named(), r.generation, agent, true) != EdgeClaim::Claimed {
+                continue;
+            }
+            resolved += 1;
+            if shared.state.resolve_edge(r.generation, true) == Resolved::LastEdge {
+                self.owner.batch[batch] = slot;
+                batch += 1;
+            }
+        }
+        self.owner.counters.fenced_edges += u64::from(resolved);
+        self.sort_batch(batch);
+        for i in 0..batch {
+            let slot = self.owner.batch[i];
+            let s = self.shared.slots[slot as usize]
+                .state
+                .load(Ordering::Acquire);
+            self.decide_drained(slot, s, &mut emit);
+        }
+        resolved
+    }
+
+    /// Advances the clock to `now` and fires every deadline and quarantine end at or
+    /// before it, request by request in registration order: `Expired` (edges still
+    /// outstanding at the deadline), then a forced `Released` if the quarantine is over
+    /// too. Costs `O(k log N)` for the `k` timers that fire.
+    ///
+    /// # Errors
+    /// [`ClockError::Backwards`] if `now` is earlier than the clock; nothing changes.
+    pub fn advance(
+        &mut self,
+        now: Millis,
+        mut emit: impl FnMut(Decision),
+    ) -> Result<(), ClockError> {
+        if now < self.owner.now {
+            return Err(ClockError::Backwards {
+                last: self.owner.now,
+                now,
+            });
+        }
+        self.owner.now = now;
+        let mut batch = 0;
+        while let Some(slot) = self.owner.timers.pop_due(now) {
+            self.owner.batch[batch] = slot;
+            batch += 1;
+        }
+        self.sort_batch(batch);
+        for i in 0..batch {
+            let slot = self.owner.batch[i];
+            let r = self.owner.requests[slot as usize];
+            let state = &self.shared.slots[slot as usize].state;
+            match state.load(Ordering::Acquire).phase() {
+                Phase::Counting => {
+                    if let Quarantine::Entered(s) = state.quarantine(r.generation, Phase::Expired) {
+                        self.owner.counters.expired += 1;
+                        emit(Decision::Expired(self.quarantined(
+                            slot,
+                            s,
+                            QuarantineCause::Expired,
+                        )));
+                        let end = r.deadline.saturating_add(self.owner.config.quarantine_ms);
+                        if end <= now {
+                            self.force_release(slot, &mut emit);
+                        } else {
+                            self.owner.timers.set(slot, end, r.key);
+                        }
+                    }
+                    // AlreadyDrained: the decision waits on the ready ring; `poll` takes it.
+                }
+                Phase::Aborted | Phase::Expired => self.force_release(slot, &mut emit),
+                Phase::Free => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes out the decisions of requests whose last edge the ingest side resolved:
+    /// `Completed`, or `Failed` then `Released`, or (aborted/expired) `Released`.
+    /// Returns how many requests were decided.
+    pub fn poll(&mut self, mut emit: impl FnMut(Decision)) -> usize {
+        let mut decided = 0;
+        while let Some(slot) = self.shared.ready.pop() {
+            let s = self.shared.slots[slot as usize]
+                .state
+                .load(Ordering::Acquire);
+            if s.outstanding() == 0 && s.is_live(self.owner.requests[slot as usize].generation) {
+                self.decide_drained(slot, s, &mut emit);
+                decided += 1;
+            }
+        }
+        decided
+    }
+
+    /// The clock.
+    pub fn now(&self) -> Millis {
+        self.owner.now
+    }
+
+    /// When the next deadline or quarantine end falls.
+    pub fn next_timer(&self) -> Option<Millis> {
+        self.owner.timers.next_due()
+    }
+
+    /// Counters of this half.
+    pub fn counters(&self) -> &EngineCounters {
+        &self.owner.counters
+    }
+
+    /// Requests tracked now.
+    pub fn len(&self) -> usize {
+        self.owner.live
+    }
+
+    /// Whether no request is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.owner.live == 0
+    }
+
+    fn sort_batch(&mut self, len: usize) {
+        let Owner {
+            batch, requests, ..
+        } = &mut *self.owner;
+        batch[..len].sort_unstable_by_key(|&slot| requests[slot as usize].key);
+    }
+
+    /// Every edge of `slot` is resolved (`s.outstanding() == 0`): decide and free.
+    fn decide_drained(&mut self, slot: u32, s: Snapshot, emit: &mut impl FnMut(Decision)) {
+        let r = self.owner.requests[slot as usize];
+        let key = RequestKey(r.key);
+        let blocks = BlockHandle(r.blocks);
+        self.retire(slot);
+        self.shared.slots[slot as usize].state.free_drained(s);
+        let c = &mut self.owner.counters;
+        match s.phase() {
+            Phase::Counting if !s.failed() => {
+                c.completed += 1;
+                emit(Decision::Completed(Drained { key, blocks }));
+            }
+            Phase::Counting => {
+                c.failed += 1;
+                c.released += 1;
+                emit(Decision::Failed(Failed { key }));
+                emit(Decision::Released(Released {
+                    key,
+                    blocks,
+                    forced: false,
+                }));
+            }
+            Phase::Aborted | Phase::Expired => {
+                c.released += 1;
+                emit(Decision::Released(Released {
+                    key,
+                    blocks,
+                    forced: false,
+                }));
+            }
+            Phase::Free => {}
+        }
+    }
+
+    /// Quarantine over with edges outstanding: free the slot anyway.
+    fn force_release(&mut self, slot: u32, emit: &mut impl FnMut(Decision)) {
+        let r = self.owner.requests[slot as usize];
+        if self.shared.slots[slot as usize]
+            .state
+            .force_free(r.generation)
+            == ForceFree::Freed
+        {
+            self.retire(slot);
+            self.owner.counters.released_forced += 1;
+            emit(Decision::Released(Released {
+                key: RequestKey(r.key),
+                blocks: BlockHandle(r.blocks),
+                forced: true,
+            }));
+        }
+        // AlreadyDrained: the ingest side resolved the last edge; `poll` releases it.
+    }
+
+    /// Remembers the id, unlinks it from the index and the timers, and returns the slot to
+    /// the free list (the caller frees the state word).
+    fn retire(&mut self, slot: u32) {
+        let o = &mut *self.owner;
+        let r = &mut o.requests[slot as usize];
+        self.shared.tombstones.insert(&mut o.ages, r.fp);
+        self.shared.index.remove(r.bucket as usize);
+        o.timers.cancel(slot);
+        r.live = false;
+        o.free[o.free_len] = slot;
+        o.free_len += 1;
+        o.live -= 1;
+    }
+}

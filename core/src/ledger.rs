@@ -1,0 +1,170 @@
+//! The ledger: fixed tables sized by const generics, split into an ingest half and an
+//! engine half that may run on two threads.
+
+use crate::Millis;
+use crate::counters::{Counters, EngineCounters, IngestCounters};
+use crate::engine::{Engine, Owner};
+use crate::error::{AbortError, ClockError, Ignored, RegisterError};
+use crate::ingest::{Ingest, Noticed};
+use crate::shared::Shared;
+use crate::ticket::{AgentId, Counting, Decision, Quarantined, Registration};
+
+/// Run-time settings.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Config {
+    /// Requests tracked at once, quarantined ones included; at most `N`.
+    pub capacity: usize,
+    /// Default deadline of a registration, in ms.
+    pub deadline_ms: u64,
+    /// How long the blocks of an aborted or expired request stay fenced after the abort or
+    /// the deadline before they are released anyway, in ms. Set it above the producers'
+    /// lease (vLLM: 30 s) so that no producer can still be writing.
+    pub quarantine_ms: u64,
+    /// Key of the request-id fingerprints. Any value works; a secret one keeps peers from
+    /// aiming for collisions.
+    pub seed: u64,
+}
+
+impl Config {
+    /// The spec's defaults: deadline 30 s, quarantine 60 s, capacity `n`.
+    pub const fn with_capacity(n: usize) -> Self {
+        Config {
+            capacity: n,
+            deadline_ms: 30_000,
+            quarantine_ms: 60_000,
+            seed: 0x6b76_6472_6169_6e00,
+        }
+    }
+}
+
+/// The consumer-side tracker for up to `N` requests with up to `E` named edges each.
+///
+/// `N` must be a power of two in `1..=65536` and `E` in `1..=64` (checked at compile
+/// time). Every table is inline: the ledger never allocates. See the crate documentation
+/// for the state diagram, the drive contract and the threading rules.
+#[derive(Debug)]
+pub struct Ledger<const N: usize, const E: usize = 8> {
+    shared: Shared<N, E>,
+    owner: Owner<N>,
+    ingest: IngestCounters,
+}
+
+impl<const N: usize, const E: usize> Ledger<N, E> {
+    const VALID: () = {
+        assert!(
+            N.is_power_of_two() && N <= 65_536,
+            "N must be a power of two <= 65536"
+        );
+        assert!(E >= 1 && E <= 64, "E must be in 1..=64");
+    };
+
+    /// An empty ledger at time 0. `config.capacity` is clamped to `N`.
+    pub fn new(config: Config) -> Self {
+        let () = Self::VALID;
+        let config = Config {
+            capacity: config.capacity.min(N),
+            ..config
+        };
+        Ledger {
+            shared: Shared::new(config.seed),
+            owner: Owner::new(config),
+            ingest: IngestCounters::default(),
+        }
+    }
+
+    /// Splits the ledger into its two halves: [`Ingest`] for the thread that drains NIXL
+    /// notifications and [`Engine`] for the scheduler thread. Both borrow the ledger, so
+    /// use them from scoped threads (or keep both on one thread).
+    pub fn split(&mut self) -> (Ingest<'_, N, E>, Engine<'_, N, E>) {
+        (
+            Ingest::new(&self.shared, &mut self.ingest),
+            Engine::new(&self.shared, &mut self.owner),
+        )
+    }
+
+    /// [`Ingest::handle_notification`] on one thread.
+    pub fn handle_notification<'m>(
+        &mut self,
+        agent: AgentId,
+        bytes: &'m [u8],
+    ) -> Result<Noticed, Ignored<'m>> {
+        self.split().0.handle_notification(agent, bytes)
+    }
+
+    /// [`Engine::register`] on one thread.
+    pub fn register<'r>(
+        &mut self,
+        registration: Registration<'r>,
+    ) -> Result<Counting, RegisterError<'r>> {
+        self.split().1.register(registration)
+    }
+
+    /// [`Engine::abort`] on one thread.
+    pub fn abort(&mut self, ticket: Counting) -> Result<Quarantined, AbortError> {
+        self.split().1.abort(ticket)
+    }
+
+    /// [`Engine::abort_id`] on one thread.
+    pub fn abort_id(&mut self, id: &str) -> Result<Quarantined, AbortError> {
+        self.split().1.abort_id(id)
+    }
+
+    /// [`Engine::fence`] on one thread.
+    pub fn fence(&mut self, agent: AgentId, emit: impl FnMut(Decision)) -> u32 {
+        self.split().1.fence(agent, emit)
+    }
+
+    /// [`Engine::advance`] on one thread.
+    pub fn advance(&mut self, now: Millis, emit: impl FnMut(Decision)) -> Result<(), ClockError> {
+        self.split().1.advance(now, emit)
+    }
+
+    /// [`Engine::poll`] on one thread.
+    pub fn poll(&mut self, emit: impl FnMut(Decision)) -> usize {
+        self.split().1.poll(emit)
+    }
+
+    /// The ledger's clock (the last `advance`).
+    pub fn now(&self) -> Millis {
+        self.owner.now()
+    }
+
+    /// When the next deadline or quarantine end falls, if any request has one.
+    pub fn next_timer(&self) -> Option<Millis> {
+        self.owner.next_timer()
+    }
+
+    /// Requests tracked now (quarantined ones included).
+    pub fn len(&self) -> usize {
+        self.owner.live()
+    }
+
+    /// Whether no request is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The configured capacity (at most `N`).
+    pub fn capacity(&self) -> usize {
+        self.owner.config().capacity
+    }
+
+    /// Whether a registration would be refused as full.
+    pub fn is_full(&self) -> bool {
+        self.len() >= self.capacity()
+    }
+
+    /// Counters of both halves.
+    pub fn counters(&self) -> Counters {
+        Counters {
+            ingest: self.ingest,
+            engine: *self.owner.counters(),
+        }
+    }
+
+    /// Counters of the engine half only.
+    pub fn engine_counters(&self) -> &EngineCounters {
+        self.owner.counters()
+    }
+}

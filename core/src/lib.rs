@@ -1,0 +1,150 @@
+//! # kvdrain
+//!
+//! A `no_std`, allocation-free, sans-IO tracker for KV-cache blocks written into a decode
+//! node ("D") by prefill producers ("P") in vLLM's NIXL push mode. It decides, per request,
+//! when every pushed write has landed, when the request has failed, and when its blocks
+//! are safe to reuse — and never releases a block while a write into it may still land.
+//!
+//! ## States
+//!
+//! ```text
+//!              register                 last edge resolved, none failed
+//!  (pending) ───────────▶ COUNTING ─────────────────────────────────────▶ completed
+//!                            │  │       last edge resolved, ≥1 failed
+//!                            │  └───────────────────────────────────────▶ failed ─▶ released
+//!                     abort  │  deadline                                            ▲
+//!                            ▼  ▼                                                   │
+//!                    ABORTED / EXPIRED ── every edge resolved (late notice, fence) ─┤
+//!                       (quarantined)  ── quarantine_ms ran out ────────────────────┘ (forced)
+//! ```
+//!
+//! An *edge* is one producer write that the request waits for: in counting mode (vLLM's
+//! semantics) `n` notices from anyone; in named-edge mode one notice from each named
+//! producer agent. An edge is *resolved* by its completion, by a `PUSH_FAIL:` notice, or
+//! by a [`fence`](Engine::fence) of its agent. `completed` and `released` free the slot at
+//! once; what the ledger remembers of decided ids (for `late`) lives in a separate
+//! tombstone table that costs no capacity.
+//!
+//! The rules kept (from `spec/replay-trace.md`): no block is released while a write may
+//! still land; every request reaches exactly one of completed / failed / aborted / expired,
+//! at the latest at the first clock advance that reaches its deadline; a failure never cuts
+//! the count short; unknown ids create no state; bad input is reported and disturbs no
+//! other request; terminal outcomes are sticky.
+//!
+//! ## Drive contract
+//!
+//! **Time enters only through [`advance`](Engine::advance); events enter through
+//! `handle_notification`, `register`, `abort` and `fence`; decisions leave through the
+//! `emit` callbacks of `poll`, `advance` and `fence`.**
+//!
+//! 1. Create a [`Ledger`] with a [`Config`]; [`split`](Ledger::split) it if notifications
+//!    are drained on another thread.
+//! 2. For each request that will be pushed to: [`register`](Engine::register) a
+//!    [`Registration`] and keep the [`Counting`] ticket.
+//! 3. For every NIXL notification: [`handle_notification`](Ingest::handle_notification)
+//!    with the sender's [`AgentId`] and the raw bytes.
+//! 4. When it returns [`Noticed::Decided`] (or on each scheduler step), call
+//!    [`poll`](Engine::poll) and act on each [`Decision`].
+//! 5. On each scheduler step, [`advance`](Engine::advance) to the current monotonic time
+//!    in ms ([`next_timer`](Engine::next_timer) says when it matters next).
+//! 6. On client cancel, [`abort`](Engine::abort); when the transport knows a producer can no
+//!    longer write (metadata invalidated, peer dead), [`fence`](Engine::fence) it.
+//!
+//! ```
+//! use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration};
+//!
+//! let mut ledger: Ledger<1024, 8> = Ledger::new(Config::with_capacity(1024));
+//! let (p0, p1) = (AgentId(0), AgentId(1));
+//! let ticket = ledger
+//!     .register(Registration {
+//!         id: "cmpl-42-0",
+//!         blocks: BlockHandle(7),
+//!         expect: Expect::Edges(&[p0, p1]),
+//!         deadline_ms: None,
+//!     })
+//!     .expect("room in the table");
+//! // p1 could not post its write: the failure waits for p0's write to land.
+//! let _ = ledger.handle_notification(p1, b"PUSH_FAIL:cmpl-42-0:2");
+//! let _ = ledger.handle_notification(p0, b"cmpl-42-0:2");
+//! let mut freed = None;
+//! ledger.poll(|d| match d {
+//!     Decision::Failed(f) => assert_eq!(f.key(), ticket.key()),
+//!     Decision::Released(r) => freed = Some(r.into_free()),
+//!     other => panic!("unexpected {other:?}"),
+//! });
+//! assert_eq!(freed, Some(BlockHandle(7)));
+//! ```
+//!
+//! ## Threads
+//!
+//! [`Ledger::split`] gives an [`Ingest`] (the thread that drains NIXL notifications) and an
+//! [`Engine`] (the scheduler thread). `Ingest::handle_notification` takes no lock and never
+//! waits for the engine; every other operation belongs to the `Engine`. Both halves may
+//! also live on one thread, which is what the `Ledger` convenience methods do.
+//!
+//! What each atomic protects, and the orderings used:
+//!
+//! | atomic | written by | protects | orderings |
+//! | --- | --- | --- | --- |
+//! | slot state word (`state_word.rs`) | both, by CAS | outstanding count, failed flag, phase, generation | `AcqRel` CAS; `Release` publish/free by the owner; `Acquire` loads |
+//! | slot identity (fingerprint, edge count) | owner, while the slot is free | which request the slot holds | `Relaxed` stores after a `Release` fence; readers validate with an `Acquire` fence and a second state load (seqlock) |
+//! | edge words (`slot.rs`) | owner at registration; both by CAS | per-agent resolution, tagged with the generation | `AcqRel` CAS, `Acquire` loads |
+//! | index buckets (`index.rs`) | owner | id → slot | `Release` stores, `Acquire` loads |
+//! | ready ring (`ready.rs`) | ingest (tail), engine (head) | slots whose last edge resolved | SPSC: `Release` publish, `Acquire` observe |
+//! | tombstones (`tombstones.rs`) | owner | `late` vs `unknown` labels only | `Relaxed` (a torn read can only relabel one ignored notice) |
+//!
+//! The decision point of a request is the single CAS that makes its outstanding count 0
+//! (a notice, or a fence) or that moves it out of `Counting` (abort, deadline): whichever
+//! wins, the other sees the result and stands down, so each request gets exactly one
+//! decision. A slot is reused only after its generation changed, and every CAS names the
+//! generation it read, so a notice for a finished request can never count for the next one
+//! (ABA). Every race is model-checked with loom (`tests/loom.rs`, built with
+//! `RUSTFLAGS="--cfg kvdrain_loom"`).
+//!
+//! ## Capacities
+//!
+//! `Ledger<N, E>`: `N` requests (power of two ≤ 65 536), `E` named edges per request
+//! (≤ 64, default 8). Tombstones remember the last ~`4·N` decided ids. Everything is inline;
+//! [`Ledger::new`] builds the value on the stack, so put large ledgers in a `static` or
+//! construct them on a thread with a big enough stack.
+
+#![cfg_attr(not(any(test, kvdrain_loom)), no_std)]
+#![forbid(unsafe_code)]
+#![deny(unused_must_use)]
+#![warn(missing_docs)]
+
+mod counters;
+mod engine;
+mod error;
+mod fingerprint;
+mod index;
+mod ingest;
+mod ledger;
+pub mod producer;
+mod ready;
+mod shared;
+mod slot;
+mod state_word;
+mod sync;
+mod ticket;
+mod timers;
+mod tombstones;
+pub mod wire;
+
+pub use counters::{Counters, EngineCounters, IngestCounters};
+pub use engine::Engine;
+pub use error::{AbortError, ClockError, IgnoreReason, Ignored, RegisterError, RegisterErrorKind};
+pub use ingest::{Ingest, Noticed};
+pub use ledger::{Config, Ledger};
+pub use ticket::{
+    AgentId, BlockHandle, Counting, Decision, Drained, Expect, Failed, Outstanding,
+    QuarantineCause, Quarantined, Registration, Released, RequestKey,
+};
+
+/// Milliseconds on the caller's monotonic clock.
+pub type Millis = u64;
+
+// Both halves must be able to move to their threads.
+static_assertions::assert_impl_all!(Ingest<'static, 64, 8>: Send);
+static_assertions::assert_impl_all!(Engine<'static, 64, 8>: Send);
+static_assertions::assert_impl_all!(Ledger<64, 8>: Send, Sync);

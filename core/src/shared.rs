@@ -1,0 +1,83 @@
+//! The part of the ledger both threads touch: slots' atomic halves, the id index, the
+//! tombstones and the ready ring. Only atomics and immutable data live here.
+
+use crate::fingerprint::Fingerprint;
+use crate::index::{DELETED, EMPTY, Index};
+use crate::ready::ReadyRing;
+use crate::slot::SharedSlot;
+use crate::state_word::{Phase, Snapshot};
+use crate::sync::{Ordering, fence};
+use crate::tombstones::Tombstones;
+
+#[derive(Debug)]
+pub(crate) struct Shared<const N: usize, const E: usize> {
+    pub(crate) seed: u64,
+    pub(crate) slots: [SharedSlot<E>; N],
+    pub(crate) index: Index<N>,
+    pub(crate) tombstones: Tombstones<N>,
+    pub(crate) ready: ReadyRing<N>,
+}
+
+/// A live request found by id.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Found {
+    pub(crate) slot: u32,
+    /// The state word as validated (generation and phase).
+    pub(crate) state: Snapshot,
+    /// Named-edge count (0: counting mode).
+    pub(crate) named: u32,
+}
+
+impl<const N: usize, const E: usize> Shared<N, E> {
+    pub(crate) fn new(seed: u64) -> Self {
+        Shared {
+            seed,
+            slots: core::array::from_fn(|_| SharedSlot::new()),
+            index: Index::new(),
+            tombstones: Tombstones::new(),
+            ready: ReadyRing::new(),
+        }
+    }
+
+    pub(crate) fn fingerprint(&self, id: &str) -> Fingerprint {
+        Fingerprint::of(self.seed, id.as_bytes())
+    }
+
+    /// Finds the live request with fingerprint `fp`. Safe from any thread while the owner
+    /// inserts and removes: each candidate slot is read seqlock-style (state, identity,
+    /// `Acquire` fence, state again) and the lookup restarts if the slot was recycled
+    /// under it. Lock-free: a restart means the owner made progress.
+    pub(crate) fn find(&self, fp: Fingerprint) -> Option<Found> {
+        'restart: loop {
+            let mut pos = Index::<N>::home(fp);
+            for _ in 0..Index::<N>::BUCKETS {
+                let b = self.index.bucket(pos).load(Ordering::Acquire);
+                if b == EMPTY {
+                    return None;
+                }
+                if b != DELETED {
+                    let slot = b - 1;
+                    let shared = &self.slots[slot as usize];
+                    let before = shared.state.load(Ordering::Acquire);
+                    if before.phase() != Phase::Free {
+                        let (candidate, named) = shared.read_identity();
+                        fence(Ordering::Acquire);
+                        let after = shared.state.load(Ordering::Relaxed);
+                        if !after.is_live(before.generation()) {
+                            continue 'restart;
+                        }
+                        if candidate == fp {
+                            return Some(Found {
+                                slot,
+                                state: after,
+                                named,
+                            });
+                        }
+                    }
+                }
+                pos = Index::<N>::next(pos);
+            }
+            return None;
+        }
+    }
+}

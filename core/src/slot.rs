@@ -1,0 +1,136 @@
+//! The shared half of a request slot: what the ingest thread reads and writes.
+//!
+//! Everything here is an atomic. The owner (engine thread) writes the identity and the
+//! edge words only while the slot is `Free`, then publishes the state word with `Release`;
+//! the ingest thread reads them after an `Acquire` load of the state word and validates
+//! the read by loading the state word again after an `Acquire` fence (a seqlock whose data
+//! is atomic, so a racing reader sees stale values, never undefined behaviour).
+
+use crate::fingerprint::Fingerprint;
+use crate::state_word::StateWord;
+use crate::sync::{AtomicU32, Ordering, fence};
+use crate::ticket::AgentId;
+
+/// Edge word: `AGENT(16) | GENERATION(14) | FAILED | RESOLVED`.
+const RESOLVED: u32 = 1;
+const EDGE_FAILED: u32 = 1 << 1;
+const EDGE_GEN_SHIFT: u32 = 2;
+const EDGE_GEN_MASK: u32 = 0x3FFF;
+const AGENT_SHIFT: u32 = 16;
+
+fn edge_tag(generation: u32) -> u32 {
+    (generation & EDGE_GEN_MASK) << EDGE_GEN_SHIFT
+}
+
+/// Outcome of claiming a named edge.
+#[must_use]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum EdgeClaim {
+    /// This notice resolved the agent's edge; now resolve it in the state word.
+    Claimed,
+    /// The agent's edge was already resolved.
+    Duplicate,
+    /// The agent is not one of the request's edges (valid only if the generation is still
+    /// the same afterwards: the caller re-validates).
+    NotAnEdge,
+    /// The slot was recycled while we looked.
+    Recycled,
+}
+
+/// Shared state of one slot; `E` is the most named edges a request may have.
+#[derive(Debug)]
+pub(crate) struct SharedSlot<const E: usize> {
+    pub(crate) state: StateWord,
+    fingerprint: [AtomicU32; 4],
+    /// Number of named edges; 0 in counting mode.
+    named: AtomicU32,
+    edges: [AtomicU32; E],
+}
+
+impl<const E: usize> SharedSlot<E> {
+    pub(crate) fn new() -> Self {
+        SharedSlot {
+            state: StateWord::new(),
+            fingerprint: crate::sync::zeroed(),
+            named: AtomicU32::new(0),
+            edges: crate::sync::zeroed(),
+        }
+    }
+
+    /// Owner, slot `Free`: writes the identity and edges of the next request.
+    pub(crate) fn write(&self, fp: Fingerprint, generation: u32, agents: &[AgentId]) {
+        // Orders the `Free` store that ended the previous request before these writes: a
+        // reader that sees any of them and then fences sees the slot as recycled.
+        fence(Ordering::Release);
+        for (word, value) in self.fingerprint.iter().zip(fp.words()) {
+            word.store(value, Ordering::Relaxed);
+        }
+        self.named.store(agents.len() as u32, Ordering::Relaxed);
+        for (word, agent) in self.edges.iter().zip(agents) {
+            word.store(
+                (u32::from(agent.0) << AGENT_SHIFT) | edge_tag(generation),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Reads identity and edge count (validate with a second state load after an
+    /// `Acquire` fence before trusting it).
+    pub(crate) fn read_identity(&self) -> (Fingerprint, u32) {
+        let w = [0, 1, 2, 3].map(|i| self.fingerprint[i].load(Ordering::Relaxed));
+        (
+            Fingerprint::from_words(w),
+            self.named.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Claims `agent`'s edge among the first `named` edges of generation `generation`.
+    pub(crate) fn claim_edge(
+        &self,
+        named: u32,
+        generation: u32,
+        agent: AgentId,
+        failed: bool,
+    ) -> EdgeClaim {
+        let tag = edge_tag(generation);
+        for word in self.edges.iter().take(named as usize) {
+            let mut current = word.load(Ordering::Acquire);
+            if current >> AGENT_SHIFT != u32::from(agent.0) {
+                continue;
+            }
+            loop {
+                if current & (EDGE_GEN_MASK << EDGE_GEN_SHIFT) != tag {
+                    return EdgeClaim::Recycled;
+                }
+                if current & RESOLVED != 0 {
+                    return EdgeClaim::Duplicate;
+                }
+                let next = current | RESOLVED | if failed { EDGE_FAILED } else { 0 };
+                match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => return EdgeClaim::Claimed,
+                    Err(actual) => current = actual,
+                }
+            }
+        }
+        EdgeClaim::NotAnEdge
+    }
+
+    /// Bit `i` set for each of the first `named` edges not yet resolved.
+    pub(crate) fn unresolved_edges(&self, named: u32, generation: u32) -> u64 {
+        let tag = edge_tag(generation);
+        let mut mask = 0u64;
+        for (i, word) in self.edges.iter().take(named as usize).enumerate() {
+            let w = word.load(Ordering::Acquire);
+            if w & (EDGE_GEN_MASK << EDGE_GEN_SHIFT) == tag && w & RESOLVED == 0 {
+                mask |= 1 << i;
+            }
+        }
+        mask
+    }
+
+    /// Owner: the named-edge count written at registration.
+    pub(crate) fn named(&self) -> u32 {
+        self.named.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,286 @@
+//! The per-request atomic state word, shared by the ingest and engine threads.
+//!
+//! In the style of tokio's task state: one `AtomicU32`, named bit fields, one private CAS
+//! loop ([`StateWord::transition`]) and a `#[must_use]` outcome per transition that tells
+//! the caller what to do next.
+//!
+//! ```text
+//!  31                      10  9   8   7   6          0
+//! +--------------------------+-------+---+------------+
+//! |        GENERATION        | PHASE | F | OUTSTANDING|
+//! +--------------------------+-------+---+------------+
+//! ```
+//!
+//! Invariants:
+//! * `OUTSTANDING` is the number of edges not yet resolved; it only decreases while the
+//!   generation stays the same, and the transition that makes it 0 is the request's
+//!   decision point (exactly one transition can do that).
+//! * `F` (failed) is sticky: once an edge resolved as failed, no later success clears it.
+//! * `PHASE` is `Free` only while the slot holds no request; it goes
+//!   `Free → Counting → (Aborted | Expired)?` and back to `Free` only through the owner.
+//! * `GENERATION` changes exactly when the slot is freed, so a notice that looked a slot up
+//!   before it was recycled fails its CAS instead of counting for the next request (ABA).
+//!   22 bits: a stale reader would need the same slot recycled 4 194 304 times between its
+//!   lookup and its CAS.
+
+use crate::sync::{AtomicU32, Ordering};
+
+const OUTSTANDING_MASK: u32 = 0x7F;
+const FAILED: u32 = 1 << 7;
+const PHASE_SHIFT: u32 = 8;
+const PHASE_MASK: u32 = 0b11 << PHASE_SHIFT;
+const GENERATION_SHIFT: u32 = 10;
+
+/// Where a slot's request is in its life.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Phase {
+    /// No request.
+    Free = 0,
+    /// Registered, waiting for its edges.
+    Counting = 1,
+    /// Aborted by the engine; blocks fenced until every edge resolves or quarantine ends.
+    Aborted = 2,
+    /// Deadline passed; blocks fenced as for `Aborted`.
+    Expired = 3,
+}
+
+/// A value of the state word.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Snapshot(u32);
+
+impl Snapshot {
+    pub(crate) fn new(generation: u32, phase: Phase, outstanding: u32) -> Self {
+        Snapshot((generation << GENERATION_SHIFT) | ((phase as u32) << PHASE_SHIFT) | outstanding)
+    }
+    pub(crate) fn outstanding(self) -> u32 {
+        self.0 & OUTSTANDING_MASK
+    }
+    pub(crate) fn failed(self) -> bool {
+        self.0 & FAILED != 0
+    }
+    pub(crate) fn phase(self) -> Phase {
+        match (self.0 & PHASE_MASK) >> PHASE_SHIFT {
+            0 => Phase::Free,
+            1 => Phase::Counting,
+            2 => Phase::Aborted,
+            _ => Phase::Expired,
+        }
+    }
+    pub(crate) fn generation(self) -> u32 {
+        self.0 >> GENERATION_SHIFT
+    }
+    /// Live (not `Free`) and of generation `generation`.
+    pub(crate) fn is_live(self, generation: u32) -> bool {
+        self.phase() != Phase::Free && self.generation() == generation
+    }
+    fn with_phase(self, phase: Phase) -> Self {
+        Snapshot((self.0 & !PHASE_MASK) | ((phase as u32) << PHASE_SHIFT))
+    }
+}
+
+/// Outcome of resolving one edge.
+#[must_use]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Resolved {
+    /// Counted; other edges are still outstanding.
+    Counted,
+    /// This was the last outstanding edge: the caller took the decision and must hand the
+    /// slot to whoever decides (the ingest thread pushes it on the ready ring).
+    LastEdge,
+    /// Every edge was already resolved: the request is decided; the notice is late.
+    AlreadyDrained,
+    /// The slot no longer holds that generation: the request is gone; look it up again.
+    Recycled,
+}
+
+/// Outcome of moving a counting request into quarantine (abort or deadline).
+#[must_use]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Quarantine {
+    /// Done; the snapshot taken at the transition (outstanding edges > 0).
+    Entered(Snapshot),
+    /// The last edge resolved first: the request is decided and waits on the ready ring.
+    AlreadyDrained,
+    /// Already aborted or expired.
+    AlreadyQuarantined,
+    /// Not that request any more.
+    Recycled,
+}
+
+/// Outcome of ending a quarantine by force.
+#[must_use]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum ForceFree {
+    /// The slot is free now; edges were still outstanding.
+    Freed,
+    /// The last edge resolved first: a normal release waits on the ready ring.
+    AlreadyDrained,
+    /// Not that request any more.
+    Recycled,
+}
+
+/// The atomic state word of one slot.
+#[derive(Debug)]
+pub(crate) struct StateWord(AtomicU32);
+
+impl StateWord {
+    pub(crate) fn new() -> Self {
+        StateWord(AtomicU32::new(0))
+    }
+
+    pub(crate) fn load(&self, order: Ordering) -> Snapshot {
+        Snapshot(self.0.load(order))
+    }
+
+    /// The single CAS loop. `f` sees the current value and returns the new one, or `Err`
+    /// with the outcome to report without writing.
+    fn transition<T>(
+        &self,
+        mut f: impl FnMut(Snapshot) -> Result<Snapshot, T>,
+    ) -> Result<Snapshot, T> {
+        let mut current = self.0.load(Ordering::Acquire);
+        loop {
+            let next = f(Snapshot(current))?;
+            match self
+                .0
+                .compare_exchange_weak(current, next.0, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Ok(next),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Resolves one edge of generation `generation`, as failed if `failed`.
+    pub(crate) fn resolve_edge(&self, generation: u32, failed: bool) -> Resolved {
+        let outcome = self.transition(|s| {
+            if !s.is_live(generation) {
+                return Err(Resolved::Recycled);
+            }
+            if s.outstanding() == 0 {
+                return Err(Resolved::AlreadyDrained);
+            }
+            let flag = if failed { FAILED } else { 0 };
+            Ok(Snapshot((s.0 - 1) | flag))
+        });
+        match outcome {
+            Ok(s) if s.outstanding() == 0 => Resolved::LastEdge,
+            Ok(_) => Resolved::Counted,
+            Err(r) => r,
+        }
+    }
+
+    /// Moves a counting request of `generation` with edges outstanding into `to`.
+    pub(crate) fn quarantine(&self, generation: u32, to: Phase) -> Quarantine {
+        match self.transition(|s| {
+            if !s.is_live(generation) {
+                Err(Quarantine::Recycled)
+            } else if s.outstanding() == 0 {
+                Err(Quarantine::AlreadyDrained)
+            } else if s.phase() != Phase::Counting {
+                Err(Quarantine::AlreadyQuarantined)
+            } else {
+                Ok(s.with_phase(to))
+            }
+        }) {
+            Ok(s) => Quarantine::Entered(s),
+            Err(q) => q,
+        }
+    }
+
+    /// Frees a slot whose edges are still outstanding (quarantine ran out).
+    pub(crate) fn force_free(&self, generation: u32) -> ForceFree {
+        match self.transition(|s| {
+            if !s.is_live(generation) {
+                Err(ForceFree::Recycled)
+            } else if s.outstanding() == 0 {
+                Err(ForceFree::AlreadyDrained)
+            } else {
+                Ok(Snapshot::new(
+                    generation.wrapping_add(1) & GEN_MASK,
+                    Phase::Free,
+                    0,
+                ))
+            }
+        }) {
+            Ok(_) => ForceFree::Freed,
+            Err(f) => f,
+        }
+    }
+
+    /// Frees a drained slot (owner only; no other thread writes a word with 0 outstanding).
+    pub(crate) fn free_drained(&self, s: Snapshot) {
+        debug_assert_eq!(s.outstanding(), 0);
+        let next = Snapshot::new(s.generation().wrapping_add(1) & GEN_MASK, Phase::Free, 0);
+        self.0.store(next.0, Ordering::Release);
+    }
+
+    /// Publishes a new request in a free slot (owner only).
+    pub(crate) fn publish(&self, generation: u32, outstanding: u32) {
+        let s = Snapshot::new(generation, Phase::Counting, outstanding);
+        self.0.store(s.0, Ordering::Release);
+    }
+}
+
+/// Generation values wrap within 22 bits.
+pub(crate) const GEN_MASK: u32 = u32::MAX >> GENERATION_SHIFT;
+
+#[cfg(all(test, not(kvdrain_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_round_trip() {
+        let s = Snapshot::new(GEN_MASK, Phase::Expired, 64);
+        assert_eq!(
+            (s.generation(), s.phase(), s.outstanding(), s.failed()),
+            (GEN_MASK, Phase::Expired, 64, false)
+        );
+    }
+
+    #[test]
+    fn last_edge_is_reported_once_and_failure_sticks() {
+        let w = StateWord::new();
+        w.publish(5, 2);
+        assert_eq!(w.resolve_edge(5, true), Resolved::Counted);
+        assert_eq!(w.resolve_edge(5, false), Resolved::LastEdge);
+        assert!(w.load(Ordering::Relaxed).failed());
+        assert_eq!(w.resolve_edge(5, false), Resolved::AlreadyDrained);
+    }
+
+    #[test]
+    fn stale_generation_never_counts() {
+        let w = StateWord::new();
+        w.publish(5, 1);
+        assert_eq!(w.resolve_edge(4, false), Resolved::Recycled);
+        assert_eq!(w.quarantine(6, Phase::Aborted), Quarantine::Recycled);
+        assert_eq!(w.force_free(4), ForceFree::Recycled);
+        assert_eq!(w.load(Ordering::Relaxed).outstanding(), 1);
+    }
+
+    #[test]
+    fn quarantine_then_force_free_bumps_generation() {
+        let w = StateWord::new();
+        w.publish(GEN_MASK, 1);
+        assert!(matches!(
+            w.quarantine(GEN_MASK, Phase::Aborted),
+            Quarantine::Entered(_)
+        ));
+        assert_eq!(
+            w.quarantine(GEN_MASK, Phase::Expired),
+            Quarantine::AlreadyQuarantined
+        );
+        assert_eq!(w.force_free(GEN_MASK), ForceFree::Freed);
+        let s = w.load(Ordering::Relaxed);
+        assert_eq!((s.phase(), s.generation()), (Phase::Free, 0));
+    }
+
+    #[test]
+    fn drained_request_cannot_be_quarantined_or_forced() {
+        let w = StateWord::new();
+        w.publish(1, 1);
+        assert_eq!(w.resolve_edge(1, false), Resolved::LastEdge);
+        assert_eq!(w.quarantine(1, Phase::Expired), Quarantine::AlreadyDrained);
+        assert_eq!(w.force_free(1), ForceFree::AlreadyDrained);
+    }
+}
