@@ -1,0 +1,466 @@
+//! The tracker as a state × event grid: `<state>_<event>` for every state a request can be
+//! in and every event that can reach it. Each test states the spec rule it checks.
+#![cfg(not(kvdrain_loom))]
+
+use kvdrain::{
+    AbortError, AgentId, BlockHandle, ClockError, Config, Counting, Decision, Expect, IgnoreReason,
+    Ledger, Noticed, Outstanding, QuarantineCause, RegisterErrorKind, Registration,
+};
+
+const P0: AgentId = AgentId(0);
+const P1: AgentId = AgentId(1);
+const STRANGER: AgentId = AgentId(9);
+
+type L = Ledger<8, 4>;
+
+fn ledger(capacity: usize) -> L {
+    Ledger::new(Config {
+        capacity,
+        deadline_ms: 100,
+        quarantine_ms: 1000,
+        seed: 42,
+    })
+}
+
+fn counting(l: &mut L, id: &str, n: u8) -> Counting {
+    let r = Registration {
+        id,
+        blocks: BlockHandle(7),
+        expect: Expect::Count(n),
+        deadline_ms: None,
+    };
+    l.register(r).expect("registered")
+}
+
+fn named(l: &mut L, id: &str) -> Counting {
+    let r = Registration {
+        id,
+        blocks: BlockHandle(7),
+        expect: Expect::Edges(&[P0, P1]),
+        deadline_ms: None,
+    };
+    l.register(r).expect("registered")
+}
+
+/// Decisions as words: `completed`, `failed`, `expired`, `released`, `released!` (forced).
+fn words(decisions: Vec<Decision>) -> Vec<&'static str> {
+    decisions
+        .into_iter()
+        .map(|d| match d {
+            Decision::Completed(d) => {
+                assert_eq!(d.into_decode(), BlockHandle(7));
+                "completed"
+            }
+            Decision::Failed(_) => "failed",
+            Decision::Expired(_) => "expired",
+            Decision::Released(r) if r.forced() => "released!",
+            Decision::Released(r) => {
+                assert_eq!(r.into_free(), BlockHandle(7));
+                "released"
+            }
+        })
+        .collect()
+}
+
+fn poll(l: &mut L) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    l.poll(|d| out.push(d));
+    words(out)
+}
+
+fn at(l: &mut L, now: u64) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    l.advance(now, |d| out.push(d)).expect("clock forward");
+    words(out)
+}
+
+fn fence(l: &mut L, agent: AgentId) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    l.fence(agent, |d| out.push(d));
+    words(out)
+}
+
+fn ignored(l: &mut L, agent: AgentId, bytes: &[u8]) -> IgnoreReason {
+    l.handle_notification(agent, bytes)
+        .expect_err("ignored")
+        .reason
+}
+
+fn notice(l: &mut L, agent: AgentId, bytes: &[u8]) -> Noticed {
+    l.handle_notification(agent, bytes).expect("accepted")
+}
+
+// ---- Counting (waiting for edges) ----
+
+#[test]
+fn counting_completion_not_last_waits() {
+    let mut l = ledger(4);
+    let _t = counting(&mut l, "r", 2);
+    assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Counted);
+    assert!(poll(&mut l).is_empty());
+}
+
+#[test]
+fn counting_completion_last_completes_and_frees_the_slot() {
+    let mut l = ledger(4);
+    let _t = counting(&mut l, "r", 2);
+    let _ = notice(&mut l, P0, b"r:2");
+    assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Decided); // rule 6: any sender counts
+    assert_eq!(poll(&mut l), ["completed"]);
+    assert!(l.is_empty()); // rule 7
+}
+
+#[test]
+fn counting_failure_notice_waits_for_the_sibling() {
+    // Rule 3 / catalogue C2, F1.
+    let mut l = ledger(4);
+    let _t = named(&mut l, "r");
+    assert_eq!(notice(&mut l, P1, b"PUSH_FAIL:r:2"), Noticed::Counted);
+    assert!(poll(&mut l).is_empty());
+    assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Decided);
+    assert_eq!(poll(&mut l), ["failed", "released"]);
+}
+
+#[test]
+fn counting_late_success_never_overwrites_a_failure() {
+    // Invariant 6 / F2: the failure is sticky whatever order the edges resolve in.
+    let mut l = ledger(4);
+    let _t = counting(&mut l, "r", 3);
+    let _ = notice(&mut l, P0, b"r:3");
+    let _ = notice(&mut l, P1, b"PUSH_FAIL:r:3");
+    let _ = notice(&mut l, P0, b"r:3");
+    assert_eq!(poll(&mut l), ["failed", "released"]);
+}
+
+#[test]
+fn counting_duplicate_from_named_agent_is_ignored() {
+    // Rule 6 / F7: one notice per edge, so a second cannot complete the count early.
+    let mut l = ledger(4);
+    let _t = named(&mut l, "r");
+    let _ = notice(&mut l, P0, b"r:2");
+    assert_eq!(
+        ignored(&mut l, P0, b"PUSH_FAIL:r:2"),
+        IgnoreReason::Duplicate
+    );
+    assert!(poll(&mut l).is_empty());
+}
+
+#[test]
+fn counting_unexpected_sender_is_ignored() {
+    let mut l = ledger(4);
+    let _t = named(&mut l, "r");
+    assert_eq!(
+        ignored(&mut l, STRANGER, b"r:2"),
+        IgnoreReason::UnexpectedSender
+    );
+}
+
+#[test]
+fn counting_abort_quarantines_with_outstanding_edges() {
+    // C1: the request ends for the client; its blocks stay fenced.
+    let mut l = ledger(4);
+    let t = named(&mut l, "r");
+    let _ = notice(&mut l, P0, b"r:2");
+    let q = l.abort(t).expect("aborted");
+    assert_eq!(
+        (q.cause(), q.outstanding()),
+        (QuarantineCause::Aborted, Outstanding::Edges(0b10))
+    );
+    assert!(poll(&mut l).is_empty());
+    assert_eq!(l.len(), 1);
+}
+
+#[test]
+fn counting_fence_of_named_agent_fails_its_edge_and_waits_for_the_rest() {
+    let mut l = ledger(4);
+    let _t = named(&mut l, "r");
+    assert!(fence(&mut l, P1).is_empty());
+    assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Decided);
+    assert_eq!(poll(&mut l), ["failed", "released"]);
+}
+
+#[test]
+fn counting_fence_does_not_touch_counting_mode() {
+    let mut l = ledger(4);
+    let _t = counting(&mut l, "r", 1);
+    assert_eq!(l.fence(P0, |_| panic!("no decision")), 0);
+    assert_eq!(notice(&mut l, P0, b"r:1"), Noticed::Decided);
+}
+
+#[test]
+fn counting_deadline_expires_with_outstanding() {
+    // Rule 2 / L1: decided at the first advance that reaches the deadline.
+    let mut l = ledger(4);
+    let _t = counting(&mut l, "r", 2);
+    let _ = notice(&mut l, P0, b"r:2");
+    assert!(at(&mut l, 99).is_empty());
+    let mut expired = Vec::new();
+    l.advance(100, |d| expired.push(d)).expect("forward");
+    let [Decision::Expired(q)] = expired.as_slice() else {
+        panic!("{expired:?}")
+    };
+    assert_eq!(q.outstanding(), Outstanding::Count(1));
+}
+
+#[test]
+fn counting_register_same_id_is_rejected() {
+    let mut l = ledger(4);
+    let _t = counting(&mut l, "r", 1);
+    let again = Registration {
+        id: "r",
+        blocks: BlockHandle(8),
+        expect: Expect::Count(1),
+        deadline_ms: None,
+    };
+    let e = l.register(again).expect_err("duplicate");
+    assert_eq!(e.kind, RegisterErrorKind::DuplicateId);
+    assert_eq!(e.registration.blocks, BlockHandle(8)); // handed back whole
+}
+
+// ---- Aborted / Expired (quarantined) ----
+
+#[test]
+fn aborted_late_notice_resolves_silently_then_releases_at_the_last() {
+    let mut l = ledger(4);
+    let t = counting(&mut l, "r", 2);
+    let _ = l.abort(t);
+    assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Counted);
+    assert_eq!(notice(&mut l, P1, b"PUSH_FAIL:r:2"), Noticed::Decided);
+    assert_eq!(poll(&mut l), ["released"]);
+    assert!(l.is_empty());
+}
+
+#[test]
+fn aborted_abort_again_is_late() {
+    let mut l = ledger(4);
+    let t = counting(&mut l, "r", 2);
+    let _ = l.abort(t);
+    assert_eq!(l.abort_id("r").map(|_| ()), Err(AbortError::Late));
+}
+
+#[test]
+fn aborted_quarantine_end_forces_release() {
+    // F5: the producer gave up too; the blocks come back after quarantine_ms.
+    let mut l = ledger(4);
+    let t = counting(&mut l, "r", 2);
+    let _ = l.abort(t);
+    assert!(at(&mut l, 999).is_empty()); // the deadline passing changes nothing
+    assert_eq!(at(&mut l, 1000), ["released!"]);
+    assert_eq!(ignored(&mut l, P0, b"r:2"), IgnoreReason::Late);
+}
+
+#[test]
+fn aborted_fence_resolving_last_named_edge_releases() {
+    let mut l = ledger(4);
+    let t = named(&mut l, "r");
+    let _ = notice(&mut l, P0, b"r:2");
+    let _ = l.abort(t);
+    assert_eq!(fence(&mut l, P1), ["released"]);
+}
+
+#[test]
+fn aborted_register_same_id_is_rejected_while_fenced() {
+    let mut l = ledger(4);
+    let t = counting(&mut l, "r", 1);
+    let _ = l.abort(t);
+    let again = Registration {
+        id: "r",
+        blocks: BlockHandle(8),
+        expect: Expect::Count(1),
+        deadline_ms: None,
+    };
+    assert_eq!(
+        l.register(again).expect_err("tracked").kind,
+        RegisterErrorKind::DuplicateId
+    );
+}
+
+#[test]
+fn expired_duplicate_named_notice_is_ignored() {
+    let mut l = ledger(4);
+    let _t = named(&mut l, "r");
+    let _ = notice(&mut l, P0, b"r:2");
+    assert_eq!(at(&mut l, 100), ["expired"]);
+    assert_eq!(ignored(&mut l, P0, b"r:2"), IgnoreReason::Duplicate);
+    assert_eq!(notice(&mut l, P1, b"r:2"), Noticed::Decided);
+    assert_eq!(poll(&mut l), ["released"]);
+}
+
+#[test]
+fn expired_quarantine_counts_from_the_deadline() {
+    let mut l = ledger(4);
+    let _t = counting(&mut l, "r", 1);
+    assert_eq!(at(&mut l, 150), ["expired"]);
+    assert!(at(&mut l, 1099).is_empty());
+    assert_eq!(at(&mut l, 1100), ["released!"]);
+}
+
+#[test]
+fn expired_clock_jump_over_deadline_and_quarantine_at_once() {
+    let mut l = ledger(4);
+    let _t = counting(&mut l, "r", 1);
+    assert_eq!(at(&mut l, 5000), ["expired", "released!"]);
+    assert!(l.is_empty());
+}
+
+// ---- Decided (completed / released, remembered as tombstones) ----
+
+#[test]
+fn decided_notice_is_late_and_costs_no_capacity() {
+    // Rule 7: capacity 1, yet the decided id is still remembered.
+    let mut l = ledger(1);
+    let _t = counting(&mut l, "r1", 1);
+    let _ = notice(&mut l, P0, b"r1:1");
+    assert_eq!(poll(&mut l), ["completed"]);
+    let _t2 = counting(&mut l, "r2", 1);
+    assert_eq!(ignored(&mut l, P0, b"r1:1"), IgnoreReason::Late);
+    assert_eq!(l.abort_id("r1").map(|_| ()), Err(AbortError::Late));
+}
+
+#[test]
+fn decided_id_may_be_registered_again() {
+    let mut l = ledger(4);
+    let _t = counting(&mut l, "r", 1);
+    let _ = notice(&mut l, P0, b"r:1");
+    assert_eq!(poll(&mut l), ["completed"]);
+    let _t = counting(&mut l, "r", 1);
+    assert_eq!(notice(&mut l, P0, b"r:1"), Noticed::Decided);
+    assert_eq!(poll(&mut l), ["completed"]);
+}
+
+#[test]
+fn decided_abort_ticket_after_completion_is_late() {
+    let mut l = ledger(4);
+    let t = counting(&mut l, "r", 1);
+    let _ = notice(&mut l, P0, b"r:1");
+    assert_eq!(poll(&mut l), ["completed"]);
+    assert_eq!(l.abort(t).map(|_| ()), Err(AbortError::Late));
+}
+
+// ---- Unknown (never registered) ----
+
+#[test]
+fn unknown_notice_creates_no_state_and_does_not_count_later() {
+    // Rule 4: a notice before its register does not count for it.
+    let mut l = ledger(4);
+    assert_eq!(ignored(&mut l, P0, b"r:1"), IgnoreReason::Unknown);
+    let _t = counting(&mut l, "r", 1);
+    assert!(poll(&mut l).is_empty());
+    assert_eq!(notice(&mut l, P0, b"r:1"), Noticed::Decided);
+}
+
+#[test]
+fn unknown_abort_is_unknown() {
+    let mut l = ledger(4);
+    assert_eq!(l.abort_id("nope").map(|_| ()), Err(AbortError::Unknown));
+}
+
+#[test]
+fn any_state_garbage_changes_nothing() {
+    // Rule 5.
+    let mut l = ledger(4);
+    let _t = counting(&mut l, "r", 1);
+    for bad in [
+        &b""[..],
+        b"r",
+        b":1",
+        b"r:0",
+        b"r:65536",
+        b"r:x",
+        b"\xff:1",
+        b"PUSH_FAIL:r",
+    ] {
+        assert!(
+            matches!(ignored(&mut l, P0, bad), IgnoreReason::Malformed(_)),
+            "{bad:?}"
+        );
+    }
+    for producer_bound in [&b"HB:a,b"[..], b"PUSH_REG:\x81\xa1"] {
+        assert_eq!(
+            ignored(&mut l, P0, producer_bound),
+            IgnoreReason::NotForConsumer
+        );
+    }
+    assert_eq!(notice(&mut l, P0, b"r:1"), Noticed::Decided);
+    let c = l.counters();
+    assert_eq!((c.ingest.malformed, c.ingest.not_for_consumer), (8, 2));
+}
+
+#[test]
+fn full_table_rejects_and_hands_the_registration_back() {
+    let mut l = ledger(2);
+    let _a = counting(&mut l, "a", 1);
+    let _b = counting(&mut l, "b", 1);
+    let c = Registration {
+        id: "c",
+        blocks: BlockHandle(3),
+        expect: Expect::Count(1),
+        deadline_ms: None,
+    };
+    let e = l.register(c).expect_err("full");
+    assert_eq!((e.kind, e.registration.id), (RegisterErrorKind::Full, "c"));
+    assert!(l.is_full());
+    let _ = notice(&mut l, P0, b"a:1");
+    assert_eq!(poll(&mut l), ["completed"]);
+    let _c = counting(&mut l, "c", 1);
+}
+
+#[test]
+fn invalid_expectations_are_refused() {
+    let mut l = ledger(4);
+    for expect in [
+        Expect::Count(0),
+        Expect::Count(65),
+        Expect::Edges(&[]),
+        Expect::Edges(&[P0, P0]),
+    ] {
+        let r = Registration {
+            id: "r",
+            blocks: BlockHandle(1),
+            expect,
+            deadline_ms: None,
+        };
+        assert!(matches!(
+            l.register(r).expect_err("invalid").kind,
+            RegisterErrorKind::BadCount | RegisterErrorKind::BadEdges
+        ));
+    }
+    let five = [AgentId(0), AgentId(1), AgentId(2), AgentId(3), AgentId(4)];
+    let r = Registration {
+        id: "r",
+        blocks: BlockHandle(1),
+        expect: Expect::Edges(&five),
+        deadline_ms: None,
+    };
+    assert_eq!(
+        l.register(r).expect_err("more than E").kind,
+        RegisterErrorKind::BadEdges
+    );
+}
+
+#[test]
+fn clock_going_backwards_is_refused() {
+    let mut l = ledger(4);
+    let _ = at(&mut l, 10);
+    assert_eq!(
+        l.advance(9, |_| {}),
+        Err(ClockError::Backwards { last: 10, now: 9 })
+    );
+    assert_eq!(l.now(), 10);
+}
+
+#[test]
+fn deadlines_fire_in_registration_order_not_deadline_order() {
+    let mut l = ledger(4);
+    let r = |id, d| Registration {
+        id,
+        blocks: BlockHandle(7),
+        expect: Expect::Count(1),
+        deadline_ms: Some(d),
+    };
+    let first = l.register(r("late-deadline", 50)).expect("ok").key();
+    let second = l.register(r("early-deadline", 10)).expect("ok").key();
+    let mut keys = Vec::new();
+    l.advance(60, |d| keys.push(d.key())).expect("forward");
+    assert_eq!(keys, [first, second]);
+}
