@@ -9,14 +9,17 @@ use kvdrain_cli::replay::{ReplayError, replay};
 
 fn check(trace: &Path) -> Result<(), String> {
     let input = fs::read(trace).map_err(|e| e.to_string())?;
-    let expected = fs::read_to_string(trace.with_extension("expected")).map_err(|e| format!("expected file: {e}"))?;
+    let expected = fs::read_to_string(trace.with_extension("expected"))
+        .map_err(|e| format!("expected file: {e}"))?;
     let stderr = fs::read_to_string(trace.with_extension("stderr")).ok();
     let mut out = Vec::new();
     let result = replay(&input, &mut out);
     let out = String::from_utf8(out).map_err(|e| e.to_string())?;
     let mut problems = Vec::new();
     if out != expected {
-        problems.push(format!("stdout differs\n--- expected\n{expected}--- got\n{out}"));
+        problems.push(format!(
+            "stdout differs\n--- expected\n{expected}--- got\n{out}"
+        ));
     }
     match (result, stderr) {
         (Ok(()), None) => {}
@@ -25,12 +28,19 @@ fn check(trace: &Path) -> Result<(), String> {
             let want = want.lines().next().unwrap_or_default();
             let prefix = want.split_inclusive(':').take(1).collect::<String>();
             if !e.to_string().starts_with(&prefix) {
-                problems.push(format!("trace error differs: want {want:?}, got {:?}", e.to_string()));
+                problems.push(format!(
+                    "trace error differs: want {want:?}, got {:?}",
+                    e.to_string()
+                ));
             }
         }
         (Err(e), _) => problems.push(format!("unexpected error: {e:?}")),
     }
-    if problems.is_empty() { Ok(()) } else { Err(problems.join("\n")) }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
+    }
 }
 
 #[test]
@@ -42,11 +52,26 @@ fn every_trace_matches_its_expected_output() {
         .filter(|p| p.extension().is_some_and(|x| x == "trace"))
         .collect();
     traces.sort();
-    assert!(traces.len() >= 40, "only {} traces found in {}", traces.len(), dir.display());
+    assert!(
+        traces.len() >= 40,
+        "only {} traces found in {}",
+        traces.len(),
+        dir.display()
+    );
     let failures: Vec<String> = traces
         .iter()
-        .filter_map(|t| check(t).err().map(|why| format!("=== {}\n{why}", t.display())))
+        .filter_map(|t| {
+            check(t)
+                .err()
+                .map(|why| format!("=== {}\n{why}", t.display()))
+        })
         .collect();
-    assert!(failures.is_empty(), "{} of {} traces failed:\n{}", failures.len(), traces.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} traces failed:\n{}",
+        failures.len(),
+        traces.len(),
+        failures.join("\n")
+    );
     println!("{} traces replayed", traces.len());
 }
