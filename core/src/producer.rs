@@ -388,15 +388,18 @@ mod tests {
     }
 
     fn ranks(t: &Topology, p: u16) -> std::vec::Vec<(u16, WriteShape)> {
-        t.targets(p).unwrap().into_iter().collect()
+        t.targets(p).expect("valid topology").into_iter().collect()
     }
 
     use WriteShape::{HeadSlice, Whole};
 
+    /// (topology, expected per D rank, targets of each P tp rank)
+    type Case<'a> = (Topology, u32, &'a [&'a [(u16, WriteShape)]]);
+
     #[test]
     fn table_of_topologies() {
         // (P tp, P pp, D tp, MLA) → expected per D rank, targets of each P tp rank.
-        let cases: &[(Topology, u32, &[&[(u16, WriteShape)]])] = &[
+        let cases: &[Case<'_>] = &[
             (topo(1, 1, 1, false), 1, &[&[(0, Whole)]]),
             (topo(2, 1, 1, false), 2, &[&[(0, Whole)], &[(0, Whole)]]),
             (
