@@ -5,6 +5,8 @@
 #     unpacked `--no-deps` into the git-ignored `<repo>/.nixl/`.
 # Idempotent: every step is skipped when already done. Works from any cwd.
 # System packages are installed only when missing, and need root (or sudo).
+#   * test-only: Python's `msgpack` (what vLLM encodes PUSH_REG with), into `<repo>/.nixl/py`,
+#     for the byte-for-byte registration test (nixl-glue/tests/registration_python.rs).
 # Env: PYTHON (default python3), NIXL_WHEEL_VERSION (default 1.5.1), KVDRAIN_NIXL_DIR (default <repo>/.nixl).
 set -euo pipefail
 
@@ -94,6 +96,17 @@ else
     [ -f "$CAPI" ] || die "libnixl_capi.so not found at $CAPI after install"
     [ -f "$UCX_PLUGIN" ] || die "UCX plugin not found at $UCX_PLUGIN after install"
     printf '%s\n' "$NIXL_VERSION" > "$stamp"
+fi
+
+# ---- 3. Python msgpack for the registration interop test ----------------------------
+PY_DIR="$NIXL_DIR/py"
+if PYTHONPATH="$PY_DIR" "$PYTHON" -c 'import msgpack' >/dev/null 2>&1; then
+    log "python msgpack present"
+else
+    log "installing python msgpack into $PY_DIR"
+    "$PYTHON" -m pip --disable-pip-version-check --no-input install --no-compile --quiet \
+        --target "$PY_DIR" msgpack
+    PYTHONPATH="$PY_DIR" "$PYTHON" -c 'import msgpack' || die "msgpack not importable from $PY_DIR"
 fi
 
 log "libnixl_capi.so: $CAPI"

@@ -6,7 +6,7 @@
 //! outlive every request that uses them.
 
 use nixl_sys::{
-    Agent, Backend, MemType, MemoryRegion, NixlDescriptor, NixlError, NotificationMap,
+    Agent, AgentConfig, Backend, MemType, MemoryRegion, NixlDescriptor, NixlError, NotificationMap,
     RegistrationHandle,
 };
 
@@ -105,12 +105,24 @@ impl UcxAgent {
     /// Like [`UcxAgent::new`], overriding UCX backend parameters (e.g. `("num_workers", "2")`,
     /// `("ucx_error_handling_mode", "none")`) on top of the plugin's defaults.
     pub fn with_ucx_params(name: &str, overrides: &[(&str, &str)]) -> Result<Self, AgentError> {
+        Self::with_config(name, &AgentConfig::default(), overrides)
+    }
+
+    /// Like [`UcxAgent::with_ucx_params`], with explicit agent settings. With
+    /// `enable_prog_thread: false` nothing progresses between calls: whoever owns the agent
+    /// must keep polling (`get_notifications`, `get_xfer_status`), which the pump and the
+    /// pusher do anyway; it saves a spinning thread per agent.
+    pub fn with_config(
+        name: &str,
+        config: &AgentConfig,
+        overrides: &[(&str, &str)],
+    ) -> Result<Self, AgentError> {
         ensure_nixl()?;
         let err = |op: &'static str| {
             let agent = name.to_owned();
             move |source| AgentError::Nixl { agent, op, source }
         };
-        let agent = Agent::new(name).map_err(err("Agent::new"))?;
+        let agent = Agent::new_configured(name, config).map_err(err("Agent::new_configured"))?;
         let (_mems, mut params) = agent
             .get_plugin_params(UCX_PLUGIN)
             .map_err(err("get_plugin_params(UCX)"))?;

@@ -1,0 +1,78 @@
+//! Producer agent names ↔ the core's [`AgentId`]s.
+//!
+//! NIXL identifies a notification's sender only by its agent name (nixl.md §2.7); the core
+//! counts named edges by [`AgentId`]. Names are interned when the consumer loads a producer's
+//! metadata, never from incoming traffic: a sender nobody introduced maps to
+//! [`AgentDirectory::STRANGER`], which matches no edge, so garbage senders create no state.
+
+use std::collections::HashMap;
+
+use kvdrain::AgentId;
+
+/// The name ↔ id table of one consumer.
+#[derive(Debug, Default)]
+pub struct AgentDirectory {
+    ids: HashMap<String, AgentId>,
+    names: Vec<String>,
+}
+
+/// The directory holds [`AgentDirectory::CAPACITY`] names already.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("agent directory full; cannot name {0:?}")]
+pub struct DirectoryFull(pub String);
+
+impl AgentDirectory {
+    /// The id of every sender that was never introduced.
+    pub const STRANGER: AgentId = AgentId(u16::MAX);
+    /// Most names a directory holds.
+    pub const CAPACITY: usize = u16::MAX as usize;
+
+    /// The id of `name`, assigning the next free one the first time.
+    ///
+    /// # Errors
+    /// [`DirectoryFull`] once [`Self::CAPACITY`] names are known.
+    pub fn intern(&mut self, name: &str) -> Result<AgentId, DirectoryFull> {
+        if let Some(&id) = self.ids.get(name) {
+            return Ok(id);
+        }
+        let id = u16::try_from(self.names.len())
+            .ok()
+            .filter(|&i| i != Self::STRANGER.0)
+            .map(AgentId)
+            .ok_or_else(|| DirectoryFull(name.to_owned()))?;
+        self.ids.insert(name.to_owned(), id);
+        self.names.push(name.to_owned());
+        Ok(id)
+    }
+
+    /// The id of a known name.
+    pub fn get(&self, name: &str) -> Option<AgentId> {
+        self.ids.get(name).copied()
+    }
+
+    /// The id of `name`, or [`Self::STRANGER`].
+    pub fn id_or_stranger(&self, name: &str) -> AgentId {
+        self.get(name).unwrap_or(Self::STRANGER)
+    }
+
+    /// The name of `id`.
+    pub fn name(&self, id: AgentId) -> Option<&str> {
+        self.names.get(usize::from(id.0)).map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interns_stably_and_strangers_stay_strangers() {
+        let mut d = AgentDirectory::default();
+        let a = d.intern("p0").unwrap();
+        assert_eq!(d.intern("p1").unwrap(), AgentId(1));
+        assert_eq!(d.intern("p0").unwrap(), a);
+        assert_eq!(d.name(a), Some("p0"));
+        assert_eq!(d.id_or_stranger("who"), AgentDirectory::STRANGER);
+        assert_eq!(d.get("who"), None);
+    }
+}

@@ -1,0 +1,454 @@
+//! Real NIXL across OS processes over UCX TCP on loopback (`UCX_TLS=tcp UCX_NET_DEVICES=lo`):
+//! the test re-runs this binary as a D child and a P child (P TP=2: two agents) and relays
+//! the handshake lines between them. Also: a producer killed mid-push, and a write that fails
+//! after posting (F7, with the F3 source fence), both on TCP, where writes are really in
+//! progress after the post.
+//!
+//! The `child_*` tests are the children's entry points (ignored in a normal run).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use kvdrain_nixl::handshake::{ConsumerRank, StaticHandshake};
+use kvdrain_nixl::loader::require_nixl_or_skip;
+use kvdrain_nixl::pool::BlockLayout;
+use kvdrain_nixl::producer::{Fault, FaultInjector};
+use kvdrain_nixl::testbed::{
+    ConsumerSide, D_ENGINE, ProducerSide, Recorder, Testbed, TestbedConfig, from_hex, to_hex,
+};
+
+const CHILD_LIMIT: Duration = Duration::from_secs(30);
+const REQUESTS: u64 = 8;
+
+fn tcp(cmd: &mut Command) -> &mut Command {
+    cmd.env("UCX_TLS", "tcp").env("UCX_NET_DEVICES", "lo")
+}
+
+fn spawn(test: &str, role_env: &[(&str, &str)]) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
+    cmd.args([
+        "--ignored",
+        "--exact",
+        test,
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
+    for (k, v) in role_env {
+        cmd.env(k, v);
+    }
+    tcp(&mut cmd).spawn().expect("spawn child")
+}
+
+/// Lines of a child's stdout containing a `KEY ` marker (libtest may prefix them).
+fn lines(child: &mut Child) -> mpsc::Receiver<String> {
+    let out = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+fn expect_line(rx: &mpsc::Receiver<String>, marker: &str, who: &str) -> String {
+    let deadline = Instant::now() + CHILD_LIMIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|e| panic!("{who}: no {marker:?} line ({e})"));
+        if let Some(rest) = line.split_once(marker).map(|(_, r)| r) {
+            return rest.trim().to_owned();
+        }
+    }
+}
+
+fn send_line(stdin: &mut ChildStdin, line: &str) {
+    writeln!(stdin, "{line}").expect("write to child");
+    stdin.flush().expect("flush child stdin");
+}
+
+fn wait(child: &mut Child, who: &str) {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            assert!(status.success(), "{who} failed: {status}");
+            return;
+        }
+        if start.elapsed() > CHILD_LIMIT {
+            let _ = child.kill();
+            panic!("{who} hung");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs the D and P children, relays the handshake; `kill_after_half` kills P once D saw
+/// the first write land.
+fn two_processes(test: &str, mode: &str) {
+    let _s = serial();
+    if !require_nixl_or_skip(test) {
+        return;
+    }
+    let prefix = prefix(test);
+    let env = [
+        ("KVDRAIN_TEST_PREFIX", prefix.as_str()),
+        ("KVDRAIN_TEST_MODE", mode),
+    ];
+    let mut d = spawn("child_consumer", &env);
+    let mut p = spawn("child_producer", &env);
+    let (d_out, p_out) = (lines(&mut d), lines(&mut p));
+    let (mut d_in, mut p_in) = (
+        d.stdin.take().expect("stdin"),
+        p.stdin.take().expect("stdin"),
+    );
+    let rank = expect_line(&d_out, "D-RANK ", "D child");
+    send_line(&mut p_in, &format!("D-RANK {rank}"));
+    let md = expect_line(&p_out, "P-MD ", "P child");
+    send_line(&mut d_in, &format!("P-MD {md}"));
+    if mode == "kill" {
+        expect_line(&d_out, "D-HALF", "D child");
+        p.kill().expect("kill producer");
+        let _ = p.wait();
+    }
+    let done = expect_line(&d_out, "D-DONE", "D child");
+    eprintln!("D child: {done}");
+    wait(&mut d, "D child");
+    if mode != "kill" {
+        send_line(&mut p_in, "EXIT");
+        wait(&mut p, "P child");
+    }
+}
+
+#[test]
+fn tp2_to_tp1_across_two_processes_over_tcp() {
+    two_processes("tp2_to_tp1_across_two_processes_over_tcp", "normal");
+}
+
+/// A producer process dies after one of its ranks wrote and while the other still owes its
+/// write: D's next send to it fails (disconnect), D fences both agents, the request fails and
+/// its blocks come back; a request registered afterwards reports both producers unreached
+/// (F6) and ends at its deadline. Nothing hangs.
+#[test]
+fn producer_killed_mid_push_is_fenced_and_nothing_hangs() {
+    two_processes(
+        "producer_killed_mid_push_is_fenced_and_nothing_hangs",
+        "kill",
+    );
+}
+
+fn child_config() -> Option<(TestbedConfig, String)> {
+    let prefix = std::env::var("KVDRAIN_TEST_PREFIX").ok()?;
+    let mode = std::env::var("KVDRAIN_TEST_MODE").unwrap_or_default();
+    let mut cfg = TestbedConfig::new(&prefix);
+    cfg.lease_ms = 600; // heartbeats every 100 ms
+    cfg.deadline_ms = 20_000;
+    Some((cfg, mode))
+}
+
+fn stdin_lines() -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+fn announce(line: &str) {
+    println!("\n{line}");
+    std::io::stdout().flush().expect("flush");
+}
+
+#[test]
+#[ignore = "child process of the two-process tests"]
+fn child_consumer() {
+    let Some((cfg, mode)) = child_config() else {
+        return;
+    };
+    let input = stdin_lines();
+    let mut d = ConsumerSide::new(&cfg).expect("D agent");
+    let rank = d.rank().expect("rank");
+    let l = rank.layout;
+    announce(&format!(
+        "D-RANK {} {} {} {}",
+        to_hex(&rank.metadata),
+        l.base,
+        l.block_len,
+        l.num_blocks
+    ));
+    let md_line = expect_line(&input, "P-MD ", "coordinator");
+    let metadata: Vec<Vec<u8>> = md_line
+        .split_whitespace()
+        .map(|h| from_hex(h).expect("hex"))
+        .collect();
+    d.add_producers(cfg.p_tp, &metadata)
+        .expect("load producers");
+    let mut rec = Recorder::default();
+    let requests = if mode == "kill" { 1 } else { REQUESTS };
+    for n in 0..requests {
+        let pid = p_id(n);
+        let unreached = d
+            .consumer
+            .register(kvdrain_nixl::consumer::PushRequest {
+                id: &d_id(n),
+                producer_engine: kvdrain_nixl::testbed::P_ENGINE,
+                remote_request_id: &pid,
+                transfer_id: Some(&pid),
+                blocks: kvdrain::BlockHandle(n),
+                block_ids: block_ids(n),
+                deadline_ms: None,
+            })
+            .expect("register")
+            .unreached;
+        assert!(unreached.is_empty(), "{unreached:?}");
+    }
+    let start = Instant::now();
+    let mut half = false;
+    let decided =
+        |rec: &Recorder, n: u64| rec.saw("decode", &d_id(n)) || rec.saw("release", &d_id(n));
+    while !(0..requests).all(|n| decided(&rec, n)) {
+        assert!(
+            start.elapsed() < CHILD_LIMIT,
+            "D: no decision: {:?}",
+            rec.events
+        );
+        d.consumer.poll(&mut rec).expect("poll");
+        if mode == "kill" && !half && d.consumer.core_counters().ingest.completions == 1 {
+            half = true;
+            announce("D-HALF");
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    if mode == "kill" {
+        assert_eq!(rec.take(), vec![("failed", d_id(0)), ("release", d_id(0))]);
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "failed by the fence, not a deadline"
+        );
+        assert_eq!(
+            d.consumer.counters().disconnects,
+            2,
+            "{:?}",
+            d.consumer.counters()
+        );
+        assert_eq!(d.consumer.core_counters().engine.fenced_edges, 1);
+        // F6: a registration now reaches no producer; it ends at its deadline.
+        let pid = p_id(1);
+        let unreached = d
+            .consumer
+            .register(kvdrain_nixl::consumer::PushRequest {
+                id: &d_id(1),
+                producer_engine: kvdrain_nixl::testbed::P_ENGINE,
+                remote_request_id: &pid,
+                transfer_id: Some(&pid),
+                blocks: kvdrain::BlockHandle(1),
+                block_ids: block_ids(1),
+                deadline_ms: Some(300),
+            })
+            .expect("register")
+            .unreached;
+        assert_eq!(unreached.len(), 2, "both producers reported unreached");
+        let start = Instant::now();
+        while !rec.saw("expired", &d_id(1)) {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "no expiry: {:?}",
+                rec.events
+            );
+            d.consumer.poll(&mut rec).expect("poll");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    } else {
+        for n in 0..requests {
+            assert!(rec.saw("decode", &d_id(n)), "{:?}", rec.events);
+            for (i, &b) in block_ids(n)[0].iter().enumerate() {
+                assert_eq!(
+                    d.pool.read(b),
+                    expected_d_block(cfg.p_tp, cfg.p_block_len, n + 100, i),
+                    "D block {b}"
+                );
+            }
+        }
+    }
+    let p50 = d.consumer.latency().quantile(0.5);
+    announce(&format!(
+        "D-DONE events ok, notification→decision p50 {p50:?}"
+    ));
+}
+
+#[test]
+#[ignore = "child process of the two-process tests"]
+fn child_producer() {
+    let Some((cfg, mode)) = child_config() else {
+        return;
+    };
+    let input = stdin_lines();
+    let rank_line = expect_line(&input, "D-RANK ", "coordinator");
+    let f: Vec<&str> = rank_line.split_whitespace().collect();
+    let num = |i: usize| f[i].parse::<usize>().expect("number");
+    let mut handshake = StaticHandshake::default();
+    handshake.publish(
+        D_ENGINE,
+        0,
+        ConsumerRank {
+            metadata: from_hex(f[0]).expect("hex"),
+            layout: BlockLayout {
+                base: num(1),
+                block_len: num(2),
+                num_blocks: num(3),
+            },
+        },
+    );
+    let mut p = ProducerSide::new(&cfg).expect("P agents");
+    let md: Vec<String> = p
+        .metadata()
+        .expect("md")
+        .iter()
+        .map(|m| to_hex(m))
+        .collect();
+    announce(&format!("P-MD {}", md.join(" ")));
+    let requests = if mode == "kill" { 1 } else { REQUESTS };
+    for n in 0..requests {
+        for (r, pool) in p.pools.iter().enumerate() {
+            for (i, &b) in block_ids(n)[0].iter().enumerate() {
+                pool.write(
+                    b,
+                    &kvdrain_nixl::testbed::pattern(n + 100, r as u16, i, cfg.p_block_len),
+                );
+            }
+        }
+        for pusher in &mut p.pushers {
+            pusher.offer(kvdrain_nixl::producer::Offer {
+                request_id: p_id(n),
+                block_ids: block_ids(n),
+            });
+        }
+    }
+    let mut recs: Vec<Recorder> = (0..cfg.p_tp).map(|_| Recorder::default()).collect();
+    let start = Instant::now();
+    loop {
+        match input.try_recv() {
+            Ok(line) if line.contains("EXIT") => break,
+            Err(mpsc::TryRecvError::Disconnected) => break,
+            _ => {}
+        }
+        assert!(
+            start.elapsed() < CHILD_LIMIT * 2,
+            "P child never told to exit"
+        );
+        for (r, pusher) in p.pushers.iter_mut().enumerate() {
+            // "kill": rank 1 never gets to write; the process is killed meanwhile.
+            if mode == "kill" && r == 1 {
+                continue;
+            }
+            pusher.tick(&mut handshake, &mut recs[r]).expect("tick");
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// F7 and F3 on TCP, in one child process (the UCX transport is chosen at agent creation).
+#[test]
+fn write_failing_after_post_is_noticed_and_sources_wait_for_terminal() {
+    let _s = serial();
+    if !require_nixl_or_skip("write_failing_after_post_is_noticed_and_sources_wait_for_terminal") {
+        return;
+    }
+    let prefix = prefix("f7");
+    let mut child = spawn("child_f7", &[("KVDRAIN_TEST_PREFIX", prefix.as_str())]);
+    let out = lines(&mut child);
+    let done = expect_line(&out, "F7-DONE", "F7 child");
+    eprintln!("F7 child: {done}");
+    wait(&mut child, "F7 child");
+}
+
+#[test]
+#[ignore = "child process of write_failing_after_post_is_noticed_and_sources_wait_for_terminal"]
+fn child_f7() {
+    let Ok(prefix) = std::env::var("KVDRAIN_TEST_PREFIX") else {
+        return;
+    };
+    let mut cfg = TestbedConfig::new(&prefix);
+    cfg.p_block_len = 1 << 20; // 4 MiB per write: still in progress after the post on TCP
+    cfg.blocks = 16;
+    let mut tb = Testbed::new(&cfg).expect("testbed on TCP");
+    let mut e = Engines::new(cfg.p_tp);
+    let limit = Duration::from_secs(20);
+
+    // F7: rank 0's write of request 0 fails after posting (its consumer metadata is
+    // invalidated while the write is in flight; the status poll then errors).
+    let injector: FaultInjector =
+        Box::new(|req: &str, _| (req == p_id(0)).then_some(Fault::FailAfterPost));
+    tb.p.pushers[0].set_fault_injector(Some(injector));
+    fill_sources(&tb, 0, 1);
+    offer_all(&mut tb, 0, 0);
+    register(&mut tb, 0, 0, None);
+    run_until(&mut tb, &mut e, limit, "F7 decision", |_, e| {
+        e.d.saw("release", &d_id(0))
+    });
+    assert_eq!(e.d.take(), vec![("failed", d_id(0)), ("release", d_id(0))]);
+    let c0 = tb.p.pushers[0].counters();
+    assert_eq!((c0.failed_after_post, c0.notices_sent), (1, 1), "{c0:?}");
+    assert!(e.p[0].saw("source", &p_id(0)));
+    let ingest = tb.d.consumer.core_counters().ingest;
+    assert_eq!((ingest.completions, ingest.failure_notices), (1, 1));
+    tb.p.pushers[0].set_fault_injector(None);
+
+    // The next request over the same agents is healthy (rank 0 handshook afresh).
+    fill_sources(&tb, 1, 2);
+    offer_all(&mut tb, 1, 1);
+    register(&mut tb, 1, 1, None);
+    run_until(&mut tb, &mut e, limit, "healthy", |_, e| {
+        e.d.saw("decode", &d_id(1))
+    });
+    check_d_blocks(&tb, &cfg, 1, 2).expect("healthy request's data");
+
+    // F3: the engine retires request 2 on rank 0 (lease over) while its write is in flight:
+    // no notice is owed for a posted edge, and the source blocks come back only once the
+    // write is terminal.
+    fill_sources(&tb, 2, 3);
+    offer_all(&mut tb, 2, 2);
+    register(&mut tb, 2, 2, None);
+    let start = Instant::now();
+    while tb.p.pushers[0].counters().posted < 3 {
+        assert!(start.elapsed() < limit, "request 2 not posted");
+        tick_p(&mut tb, &mut e, 0);
+    }
+    let landed_before = tb.p.pushers[0].counters().landed;
+    let mut p0 = std::mem::take(&mut e.p[0]);
+    tb.p.pushers[0].retire(&p_id(2), &mut p0);
+    let released_at_retire = p0.saw("source", &p_id(2));
+    e.p[0] = p0;
+    // Landed so far: request 1 only (request 0's write failed) while request 2 is in flight.
+    let in_flight = landed_before == 1;
+    if in_flight {
+        assert!(
+            !released_at_retire,
+            "F3: source released while its write was in flight"
+        );
+    }
+    run_until(&mut tb, &mut e, limit, "request 2", |_, e| {
+        e.d.saw("decode", &d_id(2))
+    });
+    run_until(&mut tb, &mut e, limit, "source release", |_, e| {
+        e.p[0].saw("source", &p_id(2))
+    });
+    assert_eq!(tb.p.pushers[0].counters().landed, 2);
+    check_d_blocks(&tb, &cfg, 2, 3).expect("request 2's data");
+    announce(&format!("F7-DONE write in flight at retire: {in_flight}"));
+}
