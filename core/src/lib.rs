@@ -82,6 +82,22 @@
 //! waits for the engine; every other operation belongs to the `Engine`. Both halves may
 //! also live on one thread, which is what the `Ledger` convenience methods do.
 //!
+//! | thread | methods |
+//! | --- | --- |
+//! | ingest ([`Ingest`]) | [`handle_notification`](Ingest::handle_notification), [`counters`](Ingest::counters) |
+//! | engine ([`Engine`]) | [`register`](Engine::register), [`abort`](Engine::abort), [`abort_id`](Engine::abort_id), [`fence`](Engine::fence), [`advance`](Engine::advance), [`poll`](Engine::poll), and the getters |
+//! | either, not split ([`Ledger`]) | all of the above, one at a time (`&mut self`) |
+//!
+//! **One ingest thread per ledger.** `Ingest` is neither `Clone` nor `Copy` and `split`
+//! takes `&mut self`, so a second ingest half cannot exist; the ready ring is single-producer
+//! and the ingest counters are the half's own. An engine that drains notifications on
+//! several threads funnels them to one, or keeps one ledger per draining thread. The same
+//! holds for the engine half.
+//!
+//! The halves borrow the ledger: run them under `std::thread::scope`, or split a ledger
+//! that lives as long as the process (a `static`, or `Box::leak`) to get `'static` halves
+//! for `std::thread::spawn`.
+//!
 //! What each atomic protects, and the orderings used:
 //!
 //! | atomic | written by | protects | orderings |
@@ -90,8 +106,16 @@
 //! | slot identity (fingerprint, edge count) | owner, while the slot is free | which request the slot holds | `Relaxed` stores after a `Release` fence; readers validate with an `Acquire` fence and a second state load (seqlock) |
 //! | edge words (`slot.rs`) | owner at registration; both by CAS | per-agent resolution, tagged with the generation | `AcqRel` CAS, `Acquire` loads |
 //! | index buckets (`index.rs`) | owner | id → slot | `Release` stores, `Acquire` loads |
-//! | ready ring (`ready.rs`) | ingest (tail), engine (head) | slots whose last edge resolved | SPSC: `Release` publish, `Acquire` observe |
-//! | tombstones (`tombstones.rs`) | owner | `late` vs `unknown` labels only | `Relaxed` (a torn read can only relabel one ignored notice) |
+//! | ready ring (`ready.rs`) | ingest (tail), engine (head) | slots whose last edge a notice resolved | SPSC: `Release` publish, `Acquire` observe |
+//! | tombstones (`tombstones.rs`) | owner | `late` vs `unknown` labels only | `Relaxed` stores, ordered before the `Release` that frees the slot or unlinks the id, so a notice that finds the id gone finds its tombstone; a torn read can only relabel one ignored notice |
+//!
+//! Why these orderings: the `Release`/`Acquire` pairs carry the owner's plain-data writes
+//! (identity, edges, tombstones) to the ingest thread, and the ingest thread's last edge
+//! (and whatever the producer wrote before its notice) to the engine through the ready
+//! ring, so a decision taken by the engine happens after every notice that led to it. The
+//! state word's `AcqRel` CAS makes each transition see the previous one whoever made it.
+//! Nothing needs `SeqCst`: no decision depends on the order of two different atomics
+//! seen from two threads.
 //!
 //! The decision point of a request is the single CAS that makes its outstanding count 0
 //! (a notice, or a fence) or that moves it out of `Counting` (abort, deadline): whichever
@@ -99,7 +123,9 @@
 //! decision. A slot is reused only after its generation changed, and every CAS names the
 //! generation it read, so a notice for a finished request can never count for the next one
 //! (ABA). Every race is model-checked with loom (`tests/loom.rs`, built with
-//! `RUSTFLAGS="--cfg kvdrain_loom"`).
+//! `RUSTFLAGS="--cfg kvdrain_loom"` against the patched loom in `vendor/loom`), and a
+//! two-thread stress test checks the same rules on real threads
+//! (`tests/tests/stress.rs` in the workspace).
 //!
 //! ## Capacities
 //!
@@ -113,10 +139,18 @@
 #![deny(unused_must_use)]
 #![warn(missing_docs)]
 
+// The fuzz harnesses (and their `Arbitrary` derives, which name `::std`) use std.
+#[cfg(fuzzing)]
+extern crate std;
+#[cfg(kvdrain_loom)]
+mod broken;
 mod counters;
 mod engine;
 mod error;
 mod fingerprint;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 mod index;
 mod ingest;
 mod ledger;
