@@ -44,7 +44,8 @@ expected count per request is ``1 * max(1, E // 1) = E``.  Optional
 upstream (single-threaded here, so no contention is modelled); it is off by
 default and reported as impl ``vllm-python+queue``.
 
-Message generation rule (shared with bench/floor, must stay byte-identical)
+Message generation rule (shared with `kvdrain bench`, cli/src/bench/stream.rs;
+must stay byte-identical)
 ---------------------------------------------------------------------------
 * R requests, ids ``req-{i:08x}-cmpl`` for i in 0..R (ASCII, 17 bytes).
 * PRNG: xorshift64* (Vigna), 64-bit state, seeded with S (default
@@ -64,7 +65,9 @@ Message generation rule (shared with bench/floor, must stay byte-identical)
 Timing: the messages are prepared as a list of distinct ``bytes`` objects before
 timing (NIXL hands over fresh objects too); each repetition builds a fresh
 consumer (untimed), then times one pass over all M messages with
-``time.perf_counter_ns``.  The JSON line reports the median ns per notification.
+``time.perf_counter_ns``.  The JSON line reports the median ns per notification, and
+(``cpu_ns_per_notification``) the median thread CPU time (``time.thread_time_ns``),
+which leaves out time spent descheduled on a shared machine.
 The garbage collector stays enabled (vLLM runs with it), but the benchmark's own
 long-lived objects are moved out of its reach with ``gc.freeze()`` first.
 """
@@ -268,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     expected_done = args.notifications // args.edges  # round-robin, E per request
 
     samples: list[float] = []
+    cpu_samples: list[float] = []
     for _ in range(args.reps):
         worker = PushConsumer(world_size=1)
         for rid in ids:
@@ -275,11 +279,14 @@ def main(argv: list[str] | None = None) -> int:
         run = worker.process_with_queue_hop if args.queue_hop else worker.process
         gc.collect()
         gc.freeze()
+        c0 = time.thread_time_ns()
         t0 = time.perf_counter_ns()
         run(msgs)
         t1 = time.perf_counter_ns()
+        c1 = time.thread_time_ns()
         gc.unfreeze()
         samples.append((t1 - t0) / args.notifications)
+        cpu_samples.append((c1 - c0) / args.notifications)
         done = len(worker.finished) + len(worker.failed)
         if done != expected_done or worker.unknown:
             print(f"sanity check failed: done={done} expected={expected_done} "
@@ -289,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({
         "impl": "vllm-python+queue" if args.queue_hop else "vllm-python",
         "ns_per_notification": round(statistics.median(samples), 2),
+        "cpu_ns_per_notification": round(statistics.median(cpu_samples), 2),
         "notifications": args.notifications,
         "inflight": args.inflight,
         "edges": args.edges,

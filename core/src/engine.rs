@@ -5,6 +5,7 @@ use crate::Millis;
 use crate::counters::EngineCounters;
 use crate::error::{AbortError, ClockError, RegisterError, RegisterErrorKind};
 use crate::fingerprint::Fingerprint;
+use crate::index::{DELETED, EMPTY, Index};
 use crate::ledger::Config;
 use crate::shared::Shared;
 use crate::slot::EdgeClaim;
@@ -16,6 +17,14 @@ use crate::ticket::{
 };
 use crate::timers::Timers;
 use crate::tombstones::TombstoneAges;
+
+/// Where an id is in the index, as the owner sees it.
+enum Probe {
+    /// Tracked in this slot.
+    Tracked(u32),
+    /// Not tracked; this bucket is free for it.
+    Vacant(usize),
+}
 
 /// Owner-only facts about a slot's request.
 #[derive(Clone, Copy, Debug)]
@@ -137,10 +146,13 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             return refuse(kind, registration);
         }
         let fp = self.shared.fingerprint(registration.id);
-        if self.shared.find(fp).is_some() {
-            self.owner.counters.rejected_duplicate_id += 1;
-            return refuse(RegisterErrorKind::DuplicateId, registration);
-        }
+        let vacancy = match self.probe(fp) {
+            Probe::Tracked(_) => {
+                self.owner.counters.rejected_duplicate_id += 1;
+                return refuse(RegisterErrorKind::DuplicateId, registration);
+            }
+            Probe::Vacant(pos) => pos,
+        };
         if self.owner.live >= self.owner.config.capacity || self.owner.free_len == 0 {
             self.owner.counters.rejected_full += 1;
             return refuse(RegisterErrorKind::Full, registration);
@@ -155,7 +167,8 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         };
         shared.write(fp, generation, agents);
         shared.state.publish(generation, outstanding);
-        let bucket = self.shared.index.insert(fp, slot) as u32;
+        self.shared.index.insert_at(vacancy, fp, slot);
+        let bucket = vacancy as u32;
         let key = self.owner.next_key;
         self.owner.next_key += 1;
         let deadline = self.owner.now.saturating_add(
@@ -172,7 +185,12 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             fp,
             live: true,
         };
-        self.owner.timers.set(slot, deadline, key);
+        if registration.deadline_ms.is_none() {
+            // `now + deadline_ms` never decreases: the O(1) FIFO timer.
+            self.owner.timers.push_back(slot, deadline, key);
+        } else {
+            self.owner.timers.set(slot, deadline, key);
+        }
         self.owner.live += 1;
         self.owner.counters.registered += 1;
         Ok(Counting {
@@ -205,17 +223,46 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// [`AbortError::Late`] if it was decided already.
     pub fn abort_id(&mut self, id: &str) -> Result<Quarantined, AbortError> {
         let fp = self.shared.fingerprint(id);
-        match self.shared.find(fp) {
-            Some(found) => self.abort_slot(found.slot),
-            None if self.shared.tombstones.contains(fp) => {
+        match self.probe(fp) {
+            Probe::Tracked(slot) => self.abort_slot(slot),
+            Probe::Vacant(_) if self.shared.tombstones.contains(fp) => {
                 self.owner.counters.abort_late += 1;
                 Err(AbortError::Late)
             }
-            None => {
+            Probe::Vacant(_) => {
                 self.owner.counters.abort_unknown += 1;
                 Err(AbortError::Unknown)
             }
         }
+    }
+
+    /// The owner's id lookup: one probe of the index that either finds the tracked
+    /// request with `fp` or the bucket where it would go. Cheaper than
+    /// [`Shared::find`]: the owner is the only writer of buckets and identities, so it
+    /// compares its own plain copies without seqlock validation.
+    fn probe(&self, fp: Fingerprint) -> Probe {
+        let tag = Index::<N>::tag(fp);
+        let mut pos = Index::<N>::home(fp);
+        let mut vacancy = None;
+        for _ in 0..Index::<N>::BUCKETS {
+            let b = self.shared.index.bucket(pos).load(Ordering::Relaxed);
+            if b == EMPTY {
+                return Probe::Vacant(vacancy.unwrap_or(pos));
+            }
+            if b == DELETED {
+                vacancy.get_or_insert(pos);
+            } else if Index::<N>::tag_matches(b, tag) {
+                let slot = Index::<N>::slot(b);
+                let r = &self.owner.requests[slot as usize];
+                if r.live && r.fp == fp {
+                    return Probe::Tracked(slot);
+                }
+            }
+            pos = Index::<N>::next(pos);
+        }
+        // No `EMPTY` bucket at all: at most N of the 2N buckets are live, so a `DELETED`
+        // one was seen.
+        Probe::Vacant(vacancy.unwrap_or(pos))
     }
 
     fn abort_slot(&mut self, slot: u32) -> Result<Quarantined, AbortError> {
@@ -432,6 +479,10 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// Quarantine over with edges outstanding: free the slot anyway.
     fn force_release(&mut self, slot: u32, emit: &mut impl FnMut(Decision)) {
         let r = self.owner.requests[slot as usize];
+        // Remember the id before the slot can be seen free (the CAS below releases this
+        // store): a notice that finds the slot free then finds the tombstone and is
+        // `late`, not `unknown` (found by `tests/loom.rs`). `retire` refreshes it.
+        self.shared.tombstones.insert(&mut self.owner.ages, r.fp);
         if self.shared.slots[slot as usize]
             .state
             .force_free(r.generation)

@@ -28,39 +28,82 @@ fn fold(a: u64, b: u64) -> u64 {
     (p as u64) ^ ((p >> 64) as u64)
 }
 
+/// The 8 bytes at `at`, little-endian (a fixed-size copy: one load).
 #[inline(always)]
-fn read_le(bytes: &[u8]) -> u64 {
-    let mut word = [0u8; 8];
-    word[..bytes.len()].copy_from_slice(bytes);
-    u64::from_le_bytes(word)
+fn word(bytes: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(w)
 }
+
+/// The 4 bytes at `at`, little-endian.
+#[inline(always)]
+fn half(bytes: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&bytes[at..at + 4]);
+    u64::from(u32::from_le_bytes(w))
+}
+
+/// The last 1 to 16 bytes of `id` (all of it when shorter) as two words, read with
+/// overlapping loads rather than a byte loop or a variable-length copy. For a given
+/// length every byte lands in `(x, y)` and the mapping is one-to-one; the length itself
+/// is mixed in by the caller.
+#[inline(always)]
+fn tail(id: &[u8]) -> (u64, u64) {
+    let len = id.len();
+    if len >= 16 {
+        (word(id, len - 16), word(id, len - 8))
+    } else if len >= 8 {
+        (word(id, 0), word(id, len - 8))
+    } else if len >= 4 {
+        (half(id, 0), half(id, len - 4))
+    } else if len > 0 {
+        let spread =
+            u64::from(id[0]) | (u64::from(id[len / 2]) << 8) | (u64::from(id[len - 1]) << 16);
+        (spread, 0)
+    } else {
+        (0, 0)
+    }
+}
+
+/// Bit 7 of every byte of a word.
+const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
 
 impl Fingerprint {
     /// Fingerprints `id` under `seed`.
     #[inline]
     pub(crate) fn of(seed: u64, id: &[u8]) -> Self {
-        let len = id.len() as u64;
+        Self::of_checked(seed, id).0
+    }
+
+    /// Fingerprints `id` under `seed`, and tells whether `id` is all ASCII (for free:
+    /// every byte is loaded into a word anyway). ASCII is valid UTF-8, which lets the
+    /// ingest path skip a separate UTF-8 validation of the id.
+    #[inline]
+    pub(crate) fn of_checked(seed: u64, id: &[u8]) -> (Self, bool) {
+        let len = id.len();
         let (k0, k1) = (S0 ^ seed, S1 ^ seed.rotate_left(32));
         let (mut a, mut b) = (seed ^ S2, seed.rotate_left(17) ^ S3);
-        let mut chunks = id.chunks_exact(16);
-        for chunk in chunks.by_ref() {
-            let x = read_le(&chunk[..8]);
-            let y = read_le(&chunk[8..]);
+        let mut high = 0;
+        // Whole 16-byte chunks, leaving the last 1 to 16 bytes to `tail`.
+        let mut at = 0;
+        while len - at > 16 {
+            let (x, y) = (word(id, at), word(id, at + 8));
+            high |= x | y;
             a = fold(x ^ k0, y ^ a);
             b = fold(y ^ k1, x ^ b);
+            at += 16;
         }
-        let rest = chunks.remainder();
-        let (x, y) = if rest.len() > 8 {
-            (read_le(&rest[..8]), read_le(&rest[8..]))
-        } else {
-            (read_le(rest), 0)
-        };
+        let (x, y) = tail(id);
+        high |= x | y;
+        let len = len as u64;
         a = fold(x ^ k0 ^ len, y ^ a);
         b = fold(y ^ k1, x ^ b ^ len.rotate_left(32));
-        Fingerprint {
+        let fp = Fingerprint {
             lo: fold(a ^ k1, b ^ S1),
             hi: fold(b ^ k0, a ^ S0),
-        }
+        };
+        (fp, high & HIGH_BITS == 0)
     }
 
     /// The four 32-bit words the shared tables store.
@@ -100,6 +143,26 @@ mod tests {
     fn zero_padding_does_not_collide() {
         assert_ne!(Fingerprint::of(1, b"a"), Fingerprint::of(1, b"a\0"));
         assert_ne!(Fingerprint::of(1, b""), Fingerprint::of(1, b"\0"));
+    }
+
+    #[test]
+    fn every_byte_of_every_length_counts() {
+        // Flipping any one byte changes the fingerprint, for every length up to 3 chunks,
+        // and the ASCII flag follows the high bits.
+        let base: std::vec::Vec<u8> = (0..48u8).map(|i| b'a' + i % 26).collect();
+        for len in 0..=base.len() {
+            let (fp, ascii) = Fingerprint::of_checked(9, &base[..len]);
+            assert!(ascii);
+            for i in 0..len {
+                let mut v = base[..len].to_vec();
+                v[i] ^= 0x01;
+                assert_ne!(Fingerprint::of(9, &v), fp, "len {len}, byte {i}");
+                v[i] ^= 0x81;
+                let (other, ascii) = Fingerprint::of_checked(9, &v);
+                assert!(!ascii, "len {len}, byte {i}");
+                assert_ne!(other, fp);
+            }
+        }
     }
 
     #[test]

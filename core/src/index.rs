@@ -1,6 +1,9 @@
 //! The id → slot index: open addressing over `2N` buckets of one atomic word each.
 //!
-//! A bucket holds `EMPTY`, `DELETED`, or `slot + 1`. Only the owner (engine thread) writes
+//! A bucket holds `EMPTY`, `DELETED`, or `tag << 17 | (slot + 1)`, where the tag is 15
+//! bits of the id's fingerprint: a probe passes over other ids' buckets without reading
+//! their slots (1 in 32 768 false matches, which the full fingerprint check in
+//! `Shared::find` then rejects). Only the owner (engine thread) writes
 //! buckets; readers (the ingest thread) probe concurrently. Entries never move, so a
 //! reader cannot miss an entry that stays put while it probes: a concurrent insert or
 //! removal of *another* id can only turn a bucket it passes into `DELETED`, which it skips.
@@ -16,6 +19,10 @@ use crate::sync::{AtomicU32, Ordering};
 pub(crate) const EMPTY: u32 = 0;
 pub(crate) const DELETED: u32 = u32::MAX;
 
+/// Bits of a bucket that hold `slot + 1` (`N <= 65536`, so `slot + 1 <= 0x1_0000`; the
+/// low bits of `DELETED`, `0x1_FFFF`, are never a slot).
+const SLOT_BITS: u32 = 17;
+const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
 #[derive(Debug)]
 pub(crate) struct Index<const N: usize> {
     /// `2N` buckets as two halves (const generics cannot say `2 * N`).
@@ -43,19 +50,29 @@ impl<const N: usize> Index<N> {
         &self.halves[pos / N][pos % N]
     }
 
-    /// Owner: stores `slot` in the first reusable bucket of `fp`'s chain (the caller has
-    /// checked the id is not present). Returns the bucket position.
-    pub(crate) fn insert(&self, fp: Fingerprint, slot: u32) -> usize {
-        let mut pos = Self::home(fp);
-        // At most N of the 2N buckets are live, so a reusable bucket exists.
-        loop {
-            let b = self.bucket(pos).load(Ordering::Relaxed);
-            if b == EMPTY || b == DELETED {
-                self.bucket(pos).store(slot + 1, Ordering::Release);
-                return pos;
-            }
-            pos = Self::next(pos);
-        }
+    /// The bits of a live bucket that `fp`'s bucket has.
+    #[inline]
+    pub(crate) fn tag(fp: Fingerprint) -> u32 {
+        ((fp.hi >> (64 - (32 - SLOT_BITS))) as u32) << SLOT_BITS
+    }
+
+    /// Whether live bucket `b` may be `fp`'s (its tag matches).
+    #[inline]
+    pub(crate) fn tag_matches(b: u32, tag: u32) -> bool {
+        b & !SLOT_MASK == tag
+    }
+
+    /// The slot of live bucket `b`.
+    #[inline]
+    pub(crate) fn slot(b: u32) -> u32 {
+        (b & SLOT_MASK) - 1
+    }
+
+    /// Owner: stores `slot` for `fp` in bucket `pos` (an `EMPTY` or `DELETED` bucket of
+    /// `fp`'s chain, from [`Engine`](crate::Engine)'s probe).
+    pub(crate) fn insert_at(&self, pos: usize, fp: Fingerprint, slot: u32) {
+        self.bucket(pos)
+            .store(Self::tag(fp) | (slot + 1), Ordering::Release);
     }
 
     /// Owner: removes the entry at `pos`, then turns trailing `DELETED` buckets back into

@@ -2,6 +2,7 @@
 
 use crate::counters::IngestCounters;
 use crate::error::{IgnoreReason, Ignored};
+use crate::fingerprint::Fingerprint;
 use crate::shared::Shared;
 use crate::slot::EdgeClaim;
 use crate::state_word::Resolved;
@@ -24,7 +25,7 @@ pub enum Noticed {
 /// The ingest half of a [`Ledger`](crate::Ledger): `Send`, one per ledger.
 #[derive(Debug)]
 pub struct Ingest<'l, const N: usize, const E: usize> {
-    shared: &'l Shared<N, E>,
+    pub(crate) shared: &'l Shared<N, E>,
     counters: &'l mut IngestCounters,
 }
 
@@ -47,16 +48,22 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
         agent: AgentId,
         bytes: &'m [u8],
     ) -> Result<Noticed, Ignored<'m>> {
-        let (body, failed) = match wire::parse(bytes) {
-            Ok(Message::Completion(c)) => (c, false),
-            Ok(Message::Failure(c)) => (c, true),
-            Ok(Message::Heartbeat(_) | Message::Registration(_)) => {
-                return Err(self.ignore(IgnoreReason::NotForConsumer, None));
+        let seed = self.shared.seed;
+        let fast = consumer_notice(bytes).and_then(|(id, failed)| {
+            match Fingerprint::of_checked(seed, id) {
+                (fp, true) => Some((id, failed, fp)),
+                (_, false) => None, // not ASCII: let the parser check the UTF-8
             }
-            Err(e) => return Err(self.ignore(IgnoreReason::Malformed(e), None)),
+        });
+        let (id_bytes, failed, fp) = match fast {
+            Some(notice) => notice,
+            None => {
+                let (id, failed) = self.parse_slow(bytes)?;
+                (id, failed, Fingerprint::of(seed, id))
+            }
         };
-        let id = Some(body.request_id);
-        let fp = self.shared.fingerprint(body.request_id);
+        // Only needed to report an ignored notice (the id is UTF-8: checked above).
+        let id = || core::str::from_utf8(id_bytes).ok();
         loop {
             let Some(found) = self.shared.find(fp) else {
                 let reason = if self.shared.tombstones.contains(fp) {
@@ -64,24 +71,24 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
                 } else {
                     IgnoreReason::Unknown
                 };
-                return Err(self.ignore(reason, id));
+                return Err(self.ignore(reason, id()));
             };
             let generation = found.state.generation();
             if found.state.outstanding() == 0 {
-                return Err(self.ignore(IgnoreReason::Late, id));
+                return Err(self.ignore(IgnoreReason::Late, id()));
             }
             let slot = &self.shared.slots[found.slot as usize];
             if found.named > 0 {
                 match slot.claim_edge(found.named, generation, agent, failed) {
                     EdgeClaim::Claimed => {}
-                    EdgeClaim::Duplicate => return Err(self.ignore(IgnoreReason::Duplicate, id)),
+                    EdgeClaim::Duplicate => return Err(self.ignore(IgnoreReason::Duplicate, id())),
                     EdgeClaim::Recycled => continue,
                     EdgeClaim::NotAnEdge => {
                         // Only trust "not an edge" if the edges we scanned were this
                         // generation's.
                         fence(Ordering::Acquire);
                         if slot.state.load(Ordering::Relaxed).is_live(generation) {
-                            return Err(self.ignore(IgnoreReason::UnexpectedSender, id));
+                            return Err(self.ignore(IgnoreReason::UnexpectedSender, id()));
                         }
                         continue;
                     }
@@ -96,12 +103,25 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
                     self.counters.last_edges += 1;
                     Ok(self.counted(failed, Noticed::Decided))
                 }
-                Resolved::AlreadyDrained => Err(self.ignore(IgnoreReason::Late, id)),
+                Resolved::AlreadyDrained => Err(self.ignore(IgnoreReason::Late, id())),
                 // Counting mode: look again. Named mode: our edge claim was for a request
                 // that ended under us (its quarantine ran out): the notice is late.
                 Resolved::Recycled if found.named == 0 => continue,
-                Resolved::Recycled => Err(self.ignore(IgnoreReason::Late, id)),
+                Resolved::Recycled => Err(self.ignore(IgnoreReason::Late, id())),
             };
+        }
+    }
+
+    /// [`wire::parse`]'s verdict on a notice the fast path did not take.
+    #[cold]
+    fn parse_slow<'m>(&mut self, bytes: &'m [u8]) -> Result<(&'m [u8], bool), Ignored<'m>> {
+        match wire::parse(bytes) {
+            Ok(Message::Completion(c)) => Ok((c.request_id.as_bytes(), false)),
+            Ok(Message::Failure(c)) => Ok((c.request_id.as_bytes(), true)),
+            Ok(Message::Heartbeat(_) | Message::Registration(_)) => {
+                Err(self.ignore(IgnoreReason::NotForConsumer, None))
+            }
+            Err(e) => Err(self.ignore(IgnoreReason::Malformed(e), None)),
         }
     }
 
@@ -130,5 +150,177 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
             IgnoreReason::UnexpectedSender => &mut c.unexpected_sender,
         } += 1;
         Ignored { reason, request_id }
+    }
+}
+
+const PUSH_FAIL: &[u8; 10] = b"PUSH_FAIL:";
+const PUSH_REG: &[u8; 9] = b"PUSH_REG:";
+const HEARTBEAT: &[u8; 3] = b"HB:";
+
+/// The common case of [`wire::parse`] on the consumer side, on bytes: a completion or
+/// `PUSH_FAIL:` notice whose TP field is 1 to 5 digits with a value in `1..=65535`.
+/// Returns the request id and whether the notice is a failure. `None` means "not that
+/// common case": the caller falls back to [`wire::parse`], which classifies the message
+/// and reports errors exactly as before. The id is not checked for UTF-8 here: the
+/// caller takes the fast path only if the id is ASCII ([`Fingerprint::of_checked`]).
+/// Whatever this accepts with an ASCII id, `wire::parse` accepts as the same message
+/// (tested below).
+#[inline]
+fn consumer_notice(bytes: &[u8]) -> Option<(&[u8], bool)> {
+    // Fixed-size prefix compares: a couple of loads each, no `memcmp` call.
+    let (body, failed) = match bytes.split_first_chunk::<10>() {
+        Some((head, body)) if head == PUSH_FAIL => (body, true),
+        _ if bytes.first_chunk::<9>() == Some(PUSH_REG)
+            || bytes.first_chunk::<3>() == Some(HEARTBEAT) =>
+        {
+            return None;
+        }
+        _ => (bytes, false),
+    };
+    // The TP field: the digits after the last ':' (digits hold no ':'), read backwards.
+    let mut colon = body.len();
+    let (mut tp, mut scale) = (0u32, 1u32);
+    loop {
+        colon = colon.checked_sub(1)?;
+        let digit = body[colon].wrapping_sub(b'0');
+        if digit > 9 {
+            break;
+        }
+        if scale > 10_000 {
+            return None; // a sixth digit
+        }
+        tp += u32::from(digit) * scale;
+        scale *= 10;
+    }
+    if body[colon] != b':' || colon == 0 || scale == 1 || tp == 0 || tp > u32::from(u16::MAX) {
+        return None;
+    }
+    Some((&body[..colon], failed))
+}
+
+#[cfg(all(test, not(kvdrain_loom)))]
+mod tests {
+    use super::{HEARTBEAT, PUSH_FAIL, PUSH_REG, consumer_notice};
+    use crate::wire::{self, Message};
+
+    #[test]
+    fn prefixes_are_the_wire_prefixes() {
+        assert_eq!(&PUSH_FAIL[..], wire::PUSH_FAIL_PREFIX);
+        assert_eq!(&PUSH_REG[..], wire::PUSH_REG_PREFIX);
+        assert_eq!(&HEARTBEAT[..], wire::HEARTBEAT_PREFIX);
+    }
+
+    /// `consumer_notice` accepts a subset of what `wire::parse` accepts as a completion or
+    /// failure notice, with the same id.
+    fn agrees(bytes: &[u8]) {
+        let fast = consumer_notice(bytes).filter(|(id, _)| id.is_ascii());
+        if let Some((id, failed)) = fast {
+            match wire::parse(bytes) {
+                Ok(Message::Completion(c)) if !failed => assert_eq!(c.request_id.as_bytes(), id),
+                Ok(Message::Failure(c)) if failed => assert_eq!(c.request_id.as_bytes(), id),
+                other => panic!("{bytes:?}: fast path {id:?}/{failed}, parse {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn fast_path_takes_the_common_notices() {
+        assert_eq!(consumer_notice(b"req-1:2"), Some((&b"req-1"[..], false)));
+        assert_eq!(
+            consumer_notice(b"PUSH_FAIL:a:b:65535"),
+            Some((&b"a:b"[..], true))
+        );
+        for slow in [
+            &b"PUSH_REG:x:1"[..],
+            b"HB:a,b",
+            b"x:0",
+            b"x:65536",
+            b"x:000001",
+            b":1",
+            b"PUSH_FAIL::1",
+            b"x:",
+            b"x1",
+            b"x:1a",
+            b"1",
+        ] {
+            assert_eq!(consumer_notice(slow), None, "{slow:?}");
+        }
+    }
+
+    #[test]
+    fn ids_outside_the_fast_path_still_count() {
+        use crate::{
+            AgentId, BlockHandle, Config, Expect, IgnoreReason, Ledger, Noticed, Registration,
+            wire::ParseError,
+        };
+        let mut ledger: Ledger<64, 2> = Ledger::new(Config::with_capacity(64));
+        for id in ["r\u{e9}q-1", "a:b", "HB"] {
+            let _ticket = ledger
+                .register(Registration {
+                    id,
+                    blocks: BlockHandle(0),
+                    expect: Expect::Count(2),
+                    deadline_ms: None,
+                })
+                .expect("room");
+        }
+        let p = AgentId(0);
+        // Non-ASCII id (fast parse, slow UTF-8 check), six-digit TP field, colon in the id.
+        let notices: [&[u8]; 4] = [
+            "r\u{e9}q-1:2".as_bytes(),
+            "PUSH_FAIL:r\u{e9}q-1:000002".as_bytes(),
+            b"a:b:2",
+            b"a:b:2",
+        ];
+        let got = notices.map(|n| ledger.handle_notification(p, n).map_err(|e| e.reason));
+        assert_eq!(
+            got,
+            [
+                Ok(Noticed::Counted),
+                Ok(Noticed::Decided),
+                Ok(Noticed::Counted),
+                Ok(Noticed::Decided)
+            ]
+        );
+        // `HB:2` is a heartbeat, whatever ids are registered; bad UTF-8 is malformed.
+        let hb = ledger.handle_notification(p, b"HB:2").map_err(|e| e.reason);
+        assert_eq!(hb, Err(IgnoreReason::NotForConsumer));
+        let bad = ledger
+            .handle_notification(p, b"r\xc3q:2")
+            .map_err(|e| e.reason);
+        assert_eq!(bad, Err(IgnoreReason::Malformed(ParseError::NotUtf8)));
+        let unknown = ledger
+            .handle_notification(p, b"nope:2")
+            .map_err(|e| e.reason);
+        assert_eq!(unknown, Err(IgnoreReason::Unknown));
+    }
+
+    #[test]
+    fn fast_path_agrees_with_the_parser() {
+        let alphabet = b":0123456789PUSH_FAILREGB,a\xc3\xa9\x80";
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut buf = [0u8; 24];
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x % 24) as usize;
+            let mut y = x;
+            for b in buf.iter_mut().take(len) {
+                y = y.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(1);
+                *b = alphabet[(y >> 59) as usize % alphabet.len()];
+            }
+            agrees(&buf[..len]);
+            // With the prefixes in front.
+            for prefix in [&b"PUSH_FAIL:"[..], b"PUSH_REG:", b"HB:"] {
+                let mut v = prefix.to_vec();
+                v.extend_from_slice(&buf[..len]);
+                agrees(&v);
+            }
+        }
+        for tp in 0..70_000u32 {
+            agrees(format!("id:{tp}").as_bytes());
+            agrees(format!("PUSH_FAIL:id:{tp:06}").as_bytes());
+        }
     }
 }

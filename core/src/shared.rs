@@ -50,13 +50,14 @@ impl<const N: usize, const E: usize> Shared<N, E> {
     pub(crate) fn find(&self, fp: Fingerprint) -> Option<Found> {
         'restart: loop {
             let mut pos = Index::<N>::home(fp);
+            let tag = Index::<N>::tag(fp);
             for _ in 0..Index::<N>::BUCKETS {
                 let b = self.index.bucket(pos).load(Ordering::Acquire);
                 if b == EMPTY {
                     return None;
                 }
-                if b != DELETED {
-                    let slot = b - 1;
+                if b != DELETED && Index::<N>::tag_matches(b, tag) {
+                    let slot = Index::<N>::slot(b);
                     let shared = &self.slots[slot as usize];
                     let before = shared.state.load(Ordering::Acquire);
                     if before.phase() != Phase::Free {

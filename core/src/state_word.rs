@@ -49,15 +49,19 @@ pub(crate) enum Phase {
 pub(crate) struct Snapshot(u32);
 
 impl Snapshot {
+    #[inline]
     pub(crate) fn new(generation: u32, phase: Phase, outstanding: u32) -> Self {
         Snapshot((generation << GENERATION_SHIFT) | ((phase as u32) << PHASE_SHIFT) | outstanding)
     }
+    #[inline]
     pub(crate) fn outstanding(self) -> u32 {
         self.0 & OUTSTANDING_MASK
     }
+    #[inline]
     pub(crate) fn failed(self) -> bool {
         self.0 & FAILED != 0
     }
+    #[inline]
     pub(crate) fn phase(self) -> Phase {
         match (self.0 & PHASE_MASK) >> PHASE_SHIFT {
             0 => Phase::Free,
@@ -66,13 +70,16 @@ impl Snapshot {
             _ => Phase::Expired,
         }
     }
+    #[inline]
     pub(crate) fn generation(self) -> u32 {
         self.0 >> GENERATION_SHIFT
     }
     /// Live (not `Free`) and of generation `generation`.
+    #[inline]
     pub(crate) fn is_live(self, generation: u32) -> bool {
         self.phase() != Phase::Free && self.generation() == generation
     }
+    #[inline]
     fn with_phase(self, phase: Phase) -> Self {
         Snapshot((self.0 & !PHASE_MASK) | ((phase as u32) << PHASE_SHIFT))
     }
@@ -124,16 +131,19 @@ pub(crate) enum ForceFree {
 pub(crate) struct StateWord(AtomicU32);
 
 impl StateWord {
+    #[inline]
     pub(crate) fn new() -> Self {
         StateWord(AtomicU32::new(0))
     }
 
+    #[inline]
     pub(crate) fn load(&self, order: Ordering) -> Snapshot {
         Snapshot(self.0.load(order))
     }
 
     /// The single CAS loop. `f` sees the current value and returns the new one, or `Err`
     /// with the outcome to report without writing.
+    #[inline]
     fn transition<T>(
         &self,
         mut f: impl FnMut(Snapshot) -> Result<Snapshot, T>,
@@ -152,6 +162,7 @@ impl StateWord {
     }
 
     /// Resolves one edge of generation `generation`, as failed if `failed`.
+    #[inline]
     pub(crate) fn resolve_edge(&self, generation: u32, failed: bool) -> Resolved {
         let outcome = self.transition(|s| {
             if !s.is_live(generation) {
@@ -171,6 +182,7 @@ impl StateWord {
     }
 
     /// Moves a counting request of `generation` with edges outstanding into `to`.
+    #[inline]
     pub(crate) fn quarantine(&self, generation: u32, to: Phase) -> Quarantine {
         match self.transition(|s| {
             if !s.is_live(generation) {
@@ -189,6 +201,7 @@ impl StateWord {
     }
 
     /// Frees a slot whose edges are still outstanding (quarantine ran out).
+    #[inline]
     pub(crate) fn force_free(&self, generation: u32) -> ForceFree {
         match self.transition(|s| {
             if !s.is_live(generation) {
@@ -209,6 +222,7 @@ impl StateWord {
     }
 
     /// Frees a drained slot (owner only; no other thread writes a word with 0 outstanding).
+    #[inline]
     pub(crate) fn free_drained(&self, s: Snapshot) {
         debug_assert_eq!(s.outstanding(), 0);
         let next = Snapshot::new(s.generation().wrapping_add(1) & GEN_MASK, Phase::Free, 0);
@@ -216,6 +230,7 @@ impl StateWord {
     }
 
     /// Publishes a new request in a free slot (owner only).
+    #[inline]
     pub(crate) fn publish(&self, generation: u32, outstanding: u32) {
         let s = Snapshot::new(generation, Phase::Counting, outstanding);
         self.0.store(s.0, Ordering::Release);

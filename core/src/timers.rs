@@ -1,23 +1,36 @@
-//! Deadlines: an indexed binary min-heap of slots keyed by `(due, registration order)`.
+//! Deadlines: an indexed binary min-heap of slots keyed by `(due, registration order)`,
+//! plus a FIFO list for the common timer whose due time never decreases from one to the
+//! next (the default deadline, `now + deadline_ms`).
 //!
 //! Each slot has at most one timer (its deadline while counting, its quarantine end while
-//! aborted or expired). Setting, moving and cancelling a timer are `O(log N)`; a clock
-//! advance costs `O(k log N)` for the `k` timers that fire, and nothing for the others
-//! (catalogue F14: the sweep visits every due deadline because the heap is ordered by the
-//! current deadline, not by insertion).
+//! aborted or expired), in the heap or in the list. Heap timers are set, moved and
+//! cancelled in `O(log N)`; list timers are appended and cancelled in `O(1)`, which is
+//! what keeps a registration and a decision from paying a heap sift (most requests are
+//! decided long before their deadline, usually oldest first, i.e. from the heap's root).
+//! The list stays sorted by `(due, order)` because its timers are appended in that order.
+//! A clock advance costs `O(k log N)` for the `k` timers that fire, and nothing for the
+//! others (catalogue F14: the sweep visits every due deadline because both structures are
+//! ordered by the current deadline, not by insertion).
 
 use crate::Millis;
 
 const NONE: u32 = u32::MAX;
+/// `pos` of a slot whose timer is in the FIFO list.
+const LISTED: u32 = u32::MAX - 1;
 
 #[derive(Debug)]
 pub(crate) struct Timers<const N: usize> {
     heap: [u32; N],
     len: usize,
-    /// Position of each slot in `heap`, or `NONE`.
+    /// Position of each slot in `heap`, `LISTED`, or `NONE`.
     pos: [u32; N],
     due: [Millis; N],
     order: [u64; N],
+    /// FIFO list links by slot (`NONE` at the ends), sorted by `(due, order)`.
+    next: [u32; N],
+    prev: [u32; N],
+    head: u32,
+    tail: u32,
 }
 
 impl<const N: usize> Timers<N> {
@@ -28,6 +41,10 @@ impl<const N: usize> Timers<N> {
             pos: [NONE; N],
             due: [0; N],
             order: [0; N],
+            next: [NONE; N],
+            prev: [NONE; N],
+            head: NONE,
+            tail: NONE,
         }
     }
 
@@ -79,6 +96,9 @@ impl<const N: usize> Timers<N> {
     /// Arms (or moves) `slot`'s timer to fire at `due`; `order` breaks ties.
     pub(crate) fn set(&mut self, slot: u32, due: Millis, order: u64) {
         let s = slot as usize;
+        if self.pos[s] == LISTED {
+            self.unlink(slot);
+        }
         self.due[s] = due;
         self.order[s] = order;
         if self.pos[s] == NONE {
@@ -93,10 +113,52 @@ impl<const N: usize> Timers<N> {
         }
     }
 
+    /// Arms `slot`'s timer (it has none) in the FIFO list: `O(1)`. `(due, order)` must
+    /// not sort before that of any timer still in the list (true of `now + constant`
+    /// with a clock that never goes back and increasing `order`).
+    pub(crate) fn push_back(&mut self, slot: u32, due: Millis, order: u64) {
+        let s = slot as usize;
+        debug_assert_eq!(self.pos[s], NONE, "slot already has a timer");
+        debug_assert!(
+            self.tail == NONE
+                || (self.due[self.tail as usize], self.order[self.tail as usize]) <= (due, order),
+            "FIFO timers must be appended in (due, order) order"
+        );
+        self.due[s] = due;
+        self.order[s] = order;
+        self.pos[s] = LISTED;
+        self.prev[s] = self.tail;
+        self.next[s] = NONE;
+        match self.tail {
+            NONE => self.head = slot,
+            tail => self.next[tail as usize] = slot,
+        }
+        self.tail = slot;
+    }
+
+    /// Takes `slot` (listed) out of the FIFO list.
+    fn unlink(&mut self, slot: u32) {
+        let s = slot as usize;
+        let (prev, next) = (self.prev[s], self.next[s]);
+        match prev {
+            NONE => self.head = next,
+            p => self.next[p as usize] = next,
+        }
+        match next {
+            NONE => self.tail = prev,
+            n => self.prev[n as usize] = prev,
+        }
+        self.pos[s] = NONE;
+    }
+
     /// Disarms `slot`'s timer if it has one.
     pub(crate) fn cancel(&mut self, slot: u32) {
         let at = self.pos[slot as usize];
         if at == NONE {
+            return;
+        }
+        if at == LISTED {
+            self.unlink(slot);
             return;
         }
         self.pos[slot as usize] = NONE;
@@ -111,19 +173,29 @@ impl<const N: usize> Timers<N> {
         self.sift_down(self.pos[last as usize] as usize);
     }
 
+    /// The slot whose timer fires first: the heap's top or the list's head.
+    fn first(&self) -> Option<u32> {
+        match (self.heap[..self.len].first(), self.head) {
+            (None, NONE) => None,
+            (Some(&top), NONE) => Some(top),
+            (None, head) => Some(head),
+            (Some(&top), head) => Some(if self.less(head, top) { head } else { top }),
+        }
+    }
+
     /// Removes and returns a slot whose timer is due at `now`, earliest first.
     pub(crate) fn pop_due(&mut self, now: Millis) -> Option<u32> {
-        let top = *self.heap[..self.len].first()?;
-        if self.due[top as usize] > now {
+        let first = self.first()?;
+        if self.due[first as usize] > now {
             return None;
         }
-        self.cancel(top);
-        Some(top)
+        self.cancel(first);
+        Some(first)
     }
 
     /// When the next timer fires, if any.
     pub(crate) fn next_due(&self) -> Option<Millis> {
-        self.heap[..self.len].first().map(|&s| self.due[s as usize])
+        self.first().map(|s| self.due[s as usize])
     }
 }
 
@@ -155,12 +227,20 @@ mod tests {
         let mut t = Timers::<64>::new();
         let mut model: std::vec::Vec<(u64, u64, u32)> = std::vec::Vec::new();
         let mut x = 0x2545_F491_4F6C_DD1Du64;
-        for step in 0..20_000u64 {
+        // FIFO timers: `now + 300`, with `now` the last clock value popped at.
+        let mut fifo_due = 0u64;
+        for step in 0..40_000u64 {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             let slot = (x % 64) as u32;
-            match (x >> 8) % 3 {
+            match (x >> 8) % 4 {
+                3 => {
+                    if !model.iter().any(|e| e.2 == slot) {
+                        t.push_back(slot, fifo_due, step);
+                        model.push((fifo_due, step, slot));
+                    }
+                }
                 0 => {
                     let due = (x >> 16) % 1000;
                     t.set(slot, due, step);
@@ -173,7 +253,9 @@ mod tests {
                 }
                 _ => {
                     let now = (x >> 16) % 1000;
+                    fifo_due = fifo_due.max(now + 300);
                     model.sort_unstable();
+                    assert_eq!(t.next_due(), model.first().map(|e| e.0));
                     while let Some(s) = t.pop_due(now) {
                         assert_eq!(model.first().map(|e| e.2), Some(s));
                         model.remove(0);

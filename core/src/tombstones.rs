@@ -1,10 +1,11 @@
 //! Tombstones: fingerprints of recently decided requests, so a late notice is reported as
 //! `late` rather than `unknown`. They live outside the request slots and cost no capacity.
 //!
-//! `N` sets of 4 ways (4·N entries); a set is chosen by fingerprint bits and replaces its
-//! oldest entry. Entries are 64-bit fingerprint halves stored as two atomics: the ingest
-//! thread reads them while the owner writes, and a torn read can only turn one `late` into
-//! `unknown` (both create no state and change no request).
+//! `N` sets of 4 ways (4·N entries, one 32-byte line per set); a set is chosen by
+//! fingerprint bits and its ways are replaced in turn, oldest insertion first. Entries are
+//! 64-bit fingerprint halves stored as two atomics: the ingest thread reads them while the
+//! owner writes, and a torn read can only turn one `late` into `unknown` (both create no
+//! state and change no request).
 
 use crate::fingerprint::Fingerprint;
 use crate::sync::{AtomicU32, Ordering};
@@ -17,19 +18,15 @@ pub(crate) struct Tombstones<const N: usize> {
     ways: [[[AtomicU32; 2]; WAYS]; N],
 }
 
-/// Owner-only insertion stamps of the tombstone ways, for oldest-first replacement.
+/// Owner-only: the way of each set that the next insertion replaces (its oldest).
 #[derive(Debug)]
 pub(crate) struct TombstoneAges<const N: usize> {
-    stamps: [[u32; WAYS]; N],
-    clock: u32,
+    next: [u8; N],
 }
 
 impl<const N: usize> TombstoneAges<N> {
     pub(crate) fn new() -> Self {
-        TombstoneAges {
-            stamps: [[0; WAYS]; N],
-            clock: 0,
-        }
+        TombstoneAges { next: [0; N] }
     }
 }
 
@@ -61,24 +58,40 @@ impl<const N: usize> Tombstones<N> {
         self.find(fp).is_some()
     }
 
-    /// Owner: remembers `fp` (refreshing it if present).
+    /// Owner: remembers `fp` (a no-op if it is remembered already).
     pub(crate) fn insert(&self, ages: &mut TombstoneAges<N>, fp: Fingerprint) {
-        ages.clock = ages.clock.wrapping_add(1);
+        if self.find(fp).is_some() {
+            return;
+        }
         let set = set_of::<N>(fp);
-        let way = match self.find(fp) {
-            Some(way) => way,
-            None => {
-                let clock = ages.clock;
-                let stamps = &ages.stamps[set];
-                let oldest = (0..WAYS).max_by_key(|&w| clock.wrapping_sub(stamps[w]));
-                let empty = (0..WAYS).find(|&w| self.ways[set][w][0].load(Ordering::Relaxed) == 0);
-                let way = empty.or(oldest).unwrap_or(0);
-                let k = key(fp);
-                self.ways[set][way][0].store(k as u32, Ordering::Relaxed);
-                self.ways[set][way][1].store((k >> 32) as u32, Ordering::Relaxed);
-                way
-            }
-        };
-        ages.stamps[set][way] = ages.clock;
+        let way = usize::from(ages.next[set]);
+        ages.next[set] = ((way + 1) % WAYS) as u8;
+        let k = key(fp);
+        let [lo, hi] = &self.ways[set][way];
+        lo.store(k as u32, Ordering::Relaxed);
+        hi.store((k >> 32) as u32, Ordering::Relaxed);
+    }
+}
+
+#[cfg(all(test, not(kvdrain_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remembers_the_last_four_of_a_set() {
+        let t = Tombstones::<1>::new();
+        let mut ages = TombstoneAges::new();
+        let fps: std::vec::Vec<_> = (0..6u64)
+            .map(|i| Fingerprint { lo: i, hi: i << 8 })
+            .collect();
+        for &fp in &fps[..4] {
+            t.insert(&mut ages, fp);
+            t.insert(&mut ages, fp); // re-inserting does not take another way
+        }
+        assert!(fps[..4].iter().all(|&fp| t.contains(fp)));
+        t.insert(&mut ages, fps[4]);
+        t.insert(&mut ages, fps[5]);
+        assert!(!t.contains(fps[0]) && !t.contains(fps[1]));
+        assert!(fps[2..].iter().all(|&fp| t.contains(fp)));
     }
 }

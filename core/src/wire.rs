@@ -156,6 +156,10 @@ pub enum EncodeError {
     ZeroTpSize,
     /// A heartbeat id is empty or contains `,`, which would change the id list.
     BadHeartbeatId,
+    /// A completion's bytes would start with `HB:`, `PUSH_FAIL:` or `PUSH_REG:` (ids such
+    /// as `HB`, `HB:x` or `PUSH_FAIL:x`) and parse as another message (a failure notice
+    /// for another id, say).
+    ReservedPrefix,
 }
 
 impl fmt::Display for EncodeError {
@@ -167,6 +171,9 @@ impl fmt::Display for EncodeError {
             EncodeError::EmptyRequestId => f.write_str("empty request id"),
             EncodeError::ZeroTpSize => f.write_str("TP size 0"),
             EncodeError::BadHeartbeatId => f.write_str("heartbeat id is empty or contains ','"),
+            EncodeError::ReservedPrefix => f.write_str(
+                "completion would start with a message prefix (HB:, PUSH_FAIL:, PUSH_REG:)",
+            ),
         }
     }
 }
@@ -239,6 +246,20 @@ impl Completion<'_> {
         }
         if self.tp_size == 0 {
             return Err(EncodeError::ZeroTpSize);
+        }
+        // After `PUSH_FAIL:` any id reads back; a bare completion must not start like
+        // another message, counting the `:` that follows the id (id `HB` gives `HB:2`).
+        let id = self.request_id.as_bytes();
+        let reserved = |p: &[u8]| {
+            let n = p.len() - 1;
+            id.get(..n) == Some(&p[..n]) && id.get(n).is_none_or(|&b| b == b':')
+        };
+        if prefix.is_empty()
+            && [HEARTBEAT_PREFIX, PUSH_FAIL_PREFIX, PUSH_REG_PREFIX]
+                .into_iter()
+                .any(reserved)
+        {
+            return Err(EncodeError::ReservedPrefix);
         }
         let (digits, n) = decimal(self.tp_size);
         let needed = prefix.len() + self.encoded_len();
@@ -415,6 +436,39 @@ mod tests {
             encode_heartbeat(["a,b"].into_iter(), &mut [0u8; 16]),
             Err(EncodeError::BadHeartbeatId)
         );
+    }
+
+    // Found by the `wire` fuzz target: `HB::65535` was emitted for id `HB:` (and `HB:58`
+    // for id `HB`) and read back as a heartbeat; `PUSH_FAIL:x` as an id would read back as
+    // a failure notice for `x`.
+    #[test]
+    fn completion_ids_that_look_like_another_message_are_refused() {
+        let mut buf = [0u8; 64];
+        for id in [
+            "HB",
+            "HB:",
+            "HB:x",
+            "PUSH_FAIL",
+            "PUSH_FAIL:x",
+            "PUSH_REG",
+            "PUSH_REG:x",
+        ] {
+            let c = Completion {
+                request_id: id,
+                tp_size: 2,
+            };
+            assert_eq!(c.encode(&mut buf), Err(EncodeError::ReservedPrefix), "{id}");
+            let n = c.encode_failure(&mut buf).unwrap();
+            assert_eq!(parse(&buf[..n]), Ok(Message::Failure(c)));
+        }
+        for id in ["H", "HBx", "PUSH_FAILx:y", "PUSH_RE", "xHB:"] {
+            let c = Completion {
+                request_id: id,
+                tp_size: 2,
+            };
+            let n = c.encode(&mut buf).unwrap();
+            assert_eq!(parse(&buf[..n]), Ok(Message::Completion(c)), "{id}");
+        }
     }
 
     #[test]

@@ -1,0 +1,516 @@
+//! `kvdrain bench ingest`, `bench floor` and `bench stream`.
+//!
+//! One repetition: build a fresh `Ledger<N, E>` (N = R rounded up to a power of two, at
+//! least 64; E = 8, or 32 for named mode with more than 8 edges), register the R requests
+//! (untimed), then time one pass over the M prepared messages. Per message: the real
+//! [`Ledger::handle_notification`] (parse, fingerprint, index probe, CAS); on
+//! [`Noticed::Decided`] the [`Ledger::poll`] that takes the decision out and the
+//! re-registration of the request under the same id, so R stay in flight. Allocations
+//! are counted around the timed loop only.
+
+use std::fmt::Write as _;
+use std::hint::black_box;
+
+use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Noticed, Registration};
+
+use super::floor::Floor;
+use super::stream::{self, DEFAULT_SEED, Params, Stream};
+use super::{Clock, Failure, Flags, Spread, alloc, allocations_json, on_big_stack, stack_for};
+
+/// How requests wait for their notifications.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mode {
+    /// `Expect::Count(E)`: E notices from anyone (vLLM's semantics).
+    Counting,
+    /// `Expect::Edges`: one notice from each of E named agents; message `k` comes from
+    /// agent `k % E`.
+    Named,
+}
+
+impl Mode {
+    /// The flag value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Counting => "counting",
+            Mode::Named => "named",
+        }
+    }
+
+    /// Parses `--mode`.
+    pub fn from_flag(text: Option<&str>) -> Result<Mode, Failure> {
+        match text {
+            None | Some("counting") => Ok(Mode::Counting),
+            Some("named") => Ok(Mode::Named),
+            Some(other) => Err(Failure::Usage(format!(
+                "--mode must be counting or named, not {other:?}"
+            ))),
+        }
+    }
+}
+
+/// Everything a timed pass reads.
+#[derive(Debug)]
+pub struct Workload<'a> {
+    /// Generation parameters (R, E, M, failure share, seed).
+    pub params: &'a Params,
+    /// Counting or named edges.
+    pub mode: Mode,
+    /// The prepared messages.
+    pub stream: &'a Stream,
+    /// `ids[i]` is request `i`'s id.
+    pub ids: &'a [String],
+}
+
+/// What one timed pass saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Pass {
+    /// Wall time of the pass divided by M.
+    pub ns_per_notification: f64,
+    /// Thread-CPU time of the pass divided by M (`NaN` if unavailable).
+    pub cpu_ns_per_notification: f64,
+    /// Requests decided (and re-registered).
+    pub decided: u64,
+    /// Of those, decided `failed`.
+    pub failed: u64,
+    /// Notices the ledger ignored (must be 0).
+    pub ignored: u64,
+    /// Registrations refused, or decisions the harness did not expect (must be 0).
+    pub anomalies: u64,
+    /// Heap allocations during the timed loop.
+    pub allocations: u64,
+}
+
+/// Counts kept by the timed loop.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    decided: u64,
+    failed: u64,
+    ignored: u64,
+    anomalies: u64,
+}
+
+/// A `Ledger<N, E>` picked at run time.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    /// Table size `N`.
+    pub n: usize,
+    /// Named-edge capacity `E`.
+    pub e: usize,
+    /// `size_of::<Ledger<N, E>>()`.
+    pub bytes: usize,
+    pass: fn(&Workload<'_>) -> Pass,
+}
+
+fn shape<const N: usize, const E: usize>() -> Shape {
+    Shape {
+        n: N,
+        e: E,
+        bytes: size_of::<Ledger<N, E>>(),
+        pass: kvdrain_pass::<N, E>,
+    }
+}
+
+macro_rules! shapes {
+    ($n:expr, $e:expr; $($size:literal)*) => {
+        match ($n, $e) {
+            $(
+                ($size, 8) => Some(shape::<$size, 8>()),
+                ($size, 32) => Some(shape::<$size, 32>()),
+            )*
+            _ => None,
+        }
+    };
+}
+
+impl Shape {
+    /// The ledger for R requests with E edges in `mode`.
+    pub fn for_run(inflight: usize, edges: usize, mode: Mode) -> Result<Shape, Failure> {
+        let n = inflight.next_power_of_two().max(64);
+        let e = match mode {
+            Mode::Counting if edges <= 64 => 8,
+            Mode::Named if edges <= 8 => 8,
+            Mode::Named if edges <= 32 => 32,
+            _ => {
+                return Err(Failure::Usage(format!(
+                    "--edges {edges}: at most 64 in counting mode, 32 in named mode"
+                )));
+            }
+        };
+        shapes!(n, e; 64 128 256 512 1024 2048 4096 8192 16384 32768 65536)
+            .ok_or_else(|| Failure::Usage(format!("--inflight {inflight}: at most 65536")))
+    }
+
+    /// `Ledger<N, E>` as text.
+    pub fn name(&self) -> String {
+        format!("Ledger<{}, {}>", self.n, self.e)
+    }
+
+    /// One timed repetition (call it on a stack of [`stack_for`]`(self.bytes)`).
+    pub fn pass(&self, w: &Workload<'_>) -> Pass {
+        (self.pass)(w)
+    }
+}
+
+fn kvdrain_pass<const N: usize, const E: usize>(w: &Workload<'_>) -> Pass {
+    let edges = w.params.edges;
+    let agents: [AgentId; 64] = core::array::from_fn(|i| AgentId(i as u16));
+    let expect = match w.mode {
+        Mode::Counting => Expect::Count(edges as u8),
+        Mode::Named => Expect::Edges(&agents[..edges]),
+    };
+    let mut ledger: Ledger<N, E> = Ledger::new(Config::with_capacity(N));
+    let mut refused = 0;
+    for (i, id) in w.ids.iter().enumerate() {
+        let registration = Registration {
+            id,
+            blocks: BlockHandle(i as u64),
+            expect,
+            deadline_ms: None,
+        };
+        refused += u64::from(ledger.register(registration).is_err());
+    }
+    let ledger = black_box(&mut ledger);
+    let before = alloc::allocations();
+    let clock = Clock::start();
+    let tally = drive(ledger, w.stream, w.ids, expect, edges);
+    let elapsed = clock.per(w.stream.len());
+    let allocations = alloc::allocations() - before;
+    Pass {
+        ns_per_notification: elapsed.wall,
+        cpu_ns_per_notification: elapsed.cpu,
+        decided: tally.decided,
+        failed: tally.failed,
+        ignored: tally.ignored,
+        anomalies: tally.anomalies + refused,
+        allocations,
+    }
+}
+
+/// The timed loop (not inlined, so profilers can single it out).
+#[inline(never)]
+fn drive<const N: usize, const E: usize>(
+    ledger: &mut Ledger<N, E>,
+    stream: &Stream,
+    ids: &[String],
+    expect: Expect<'_>,
+    edges: usize,
+) -> Tally {
+    let mut t = Tally::default();
+    let mut edge = 0usize;
+    let mut freed = [0u64; 4];
+    for msg in stream.iter() {
+        let agent = AgentId(edge as u16);
+        edge += 1;
+        if edge == edges {
+            edge = 0;
+        }
+        match ledger.handle_notification(agent, msg) {
+            Ok(Noticed::Counted) => {}
+            Ok(Noticed::Decided) => {
+                let mut n = 0;
+                ledger.poll(|d| {
+                    let blocks = match d {
+                        Decision::Completed(c) => c.into_decode(),
+                        Decision::Released(r) => r.into_free(),
+                        Decision::Failed(_) => {
+                            t.failed += 1;
+                            return;
+                        }
+                        Decision::Expired(_) => {
+                            t.anomalies += 1;
+                            return;
+                        }
+                    };
+                    match freed.get_mut(n) {
+                        Some(slot) => {
+                            *slot = blocks.0;
+                            n += 1;
+                        }
+                        None => t.anomalies += 1,
+                    }
+                });
+                for &i in &freed[..n] {
+                    t.decided += 1;
+                    let registration = Registration {
+                        id: &ids[i as usize],
+                        blocks: BlockHandle(i),
+                        expect,
+                        deadline_ms: None,
+                    };
+                    t.anomalies += u64::from(ledger.register(registration).is_err());
+                }
+            }
+            Err(_) => t.ignored += 1,
+        }
+    }
+    t
+}
+
+/// One timed repetition of the floor ([`Floor`]) over the same stream.
+pub fn floor_pass(w: &Workload<'_>) -> Pass {
+    let mut floor = Floor::with_capacity(w.ids.len());
+    let mut anomalies = 0;
+    for id in w.ids {
+        anomalies += u64::from(!floor.register(id.as_bytes(), w.params.edges as u32));
+    }
+    let floor = black_box(&mut floor);
+    let before = alloc::allocations();
+    let clock = Clock::start();
+    let decided = drive_floor(floor, w.stream);
+    let elapsed = clock.per(w.stream.len());
+    let allocations = alloc::allocations() - before;
+    Pass {
+        ns_per_notification: elapsed.wall,
+        cpu_ns_per_notification: elapsed.cpu,
+        decided,
+        failed: 0,
+        ignored: 0,
+        anomalies,
+        allocations,
+    }
+}
+
+#[inline(never)]
+fn drive_floor(floor: &mut Floor, stream: &Stream) -> u64 {
+    let mut decided = 0;
+    for msg in stream.iter() {
+        decided += u64::from(floor.notify(msg));
+    }
+    decided
+}
+
+/// One timed walk over the stream that only touches each message: the harness's own
+/// share of every figure.
+pub fn walk_pass(w: &Workload<'_>) -> Pass {
+    let clock = Clock::start();
+    let mut sum = 0u64;
+    for msg in w.stream.iter() {
+        let msg = black_box(msg);
+        sum = sum.wrapping_add(u64::from(msg[msg.len() - 1]));
+    }
+    black_box(sum);
+    let elapsed = clock.per(w.stream.len());
+    Pass {
+        ns_per_notification: elapsed.wall,
+        cpu_ns_per_notification: elapsed.cpu,
+        ..Pass::default()
+    }
+}
+
+/// Checks the passes of one implementation: every full group of E messages decided one
+/// request, nothing ignored, nothing allocated.
+pub fn check(
+    label: &str,
+    w: &Workload<'_>,
+    passes: &[Pass],
+    counting: bool,
+) -> Result<(), Failure> {
+    let want = (w.params.notifications / w.params.edges) as u64;
+    for p in passes {
+        if p.decided != want || p.ignored != 0 || p.anomalies != 0 {
+            return Err(Failure::Check(format!(
+                "{label}: sanity check failed: decided {} (want {want}), ignored {}, anomalies {}",
+                p.decided, p.ignored, p.anomalies
+            )));
+        }
+    }
+    let allocations: u64 = passes.iter().map(|p| p.allocations).sum();
+    if counting && allocations != 0 {
+        return Err(Failure::Check(format!(
+            "{label}: {allocations} allocations in the timed loops (must be 0)"
+        )));
+    }
+    Ok(())
+}
+
+/// The `--inflight/--edges/--notifications/--fail-share/--seed` group.
+pub fn stream_params(flags: &mut Flags, notifications: Option<usize>) -> Result<Params, Failure> {
+    let params = Params {
+        inflight: flags.count("inflight", None)?,
+        edges: flags.count("edges", None)?,
+        notifications: flags.count("notifications", notifications)?,
+        fail_share: flags.f64("fail-share", 0.01)?,
+        seed: flags.u64("seed")?.unwrap_or(DEFAULT_SEED),
+    };
+    if !(0.0..=1.0).contains(&params.fail_share) {
+        return Err(Failure::Usage("--fail-share must be within [0, 1]".into()));
+    }
+    if params.edges > 64 {
+        return Err(Failure::Usage("--edges must be <= 64".into()));
+    }
+    Ok(params)
+}
+
+/// Wall and CPU spreads of a set of passes.
+#[derive(Clone, Copy, Debug)]
+pub struct Spreads {
+    /// Wall-clock ns per notification.
+    pub wall: Spread,
+    /// Thread-CPU ns per notification.
+    pub cpu: Spread,
+}
+
+impl Spreads {
+    /// Of `passes` (at least one).
+    pub fn of(passes: &[Pass]) -> Spreads {
+        let wall: Vec<f64> = passes.iter().map(|p| p.ns_per_notification).collect();
+        let cpu: Vec<f64> = passes.iter().map(|p| p.cpu_ns_per_notification).collect();
+        Spreads {
+            wall: Spread::of(&wall),
+            cpu: Spread::of(&cpu),
+        }
+    }
+}
+
+/// The JSON line of one implementation's passes (without the closing brace).
+pub fn json_line(
+    out: &mut String,
+    implementation: &str,
+    w: &Workload<'_>,
+    passes: &[Pass],
+    counting: bool,
+) -> Spreads {
+    let spreads = Spreads::of(passes);
+    let p = w.params;
+    let _ = write!(out, "{{\"impl\":\"{implementation}\",");
+    spreads.wall.json(out, "ns_per_notification", "ns");
+    out.push(',');
+    spreads.cpu.json(out, "cpu_ns_per_notification", "cpu_ns");
+    let _ = write!(
+        out,
+        ",\"notifications\":{},\"inflight\":{},\"edges\":{},\"mode\":\"{}\",\
+\"fail_share\":{},\"reps\":{},",
+        p.notifications,
+        p.inflight,
+        p.edges,
+        w.mode.name(),
+        p.fail_share,
+        passes.len()
+    );
+    allocations_json(out, counting, passes.iter().map(|q| q.allocations).sum());
+    if let Some(first) = passes.first() {
+        let _ = write!(
+            out,
+            ",\"decided_per_rep\":{},\"failed_per_rep\":{}",
+            first.decided, first.failed
+        );
+    }
+    spreads
+}
+
+/// `kvdrain bench ingest`.
+pub fn main(mut flags: Flags) -> Result<(), Failure> {
+    let params = stream_params(&mut flags, None)?;
+    let mode = Mode::from_flag(flags.string("mode")?.as_deref())?;
+    let reps = flags.count("reps", Some(11))?;
+    flags.finish()?;
+    let shape = Shape::for_run(params.inflight, params.edges, mode)?;
+    let counting = alloc::counting();
+    let stream = stream::generate(&params);
+    let ids: Vec<String> = (0..params.inflight).map(stream::request_id).collect();
+    let w = Workload {
+        params: &params,
+        mode,
+        stream: &stream,
+        ids: &ids,
+    };
+    let passes = on_big_stack(stack_for(shape.bytes), || {
+        (0..reps).map(|_| shape.pass(&w)).collect::<Vec<_>>()
+    })?;
+    let mut out = String::new();
+    json_line(&mut out, "kvdrain", &w, &passes, counting);
+    let _ = write!(
+        out,
+        ",\"ledger\":\"{}\",\"ledger_bytes\":{}}}",
+        shape.name(),
+        shape.bytes
+    );
+    println!("{out}");
+    check("kvdrain", &w, &passes, counting)
+}
+
+/// `kvdrain bench floor`.
+pub fn floor_main(mut flags: Flags) -> Result<(), Failure> {
+    let params = stream_params(&mut flags, None)?;
+    let reps = flags.count("reps", Some(11))?;
+    flags.finish()?;
+    let counting = alloc::counting();
+    let stream = stream::generate(&params);
+    let ids: Vec<String> = (0..params.inflight).map(stream::request_id).collect();
+    let w = Workload {
+        params: &params,
+        mode: Mode::Counting,
+        stream: &stream,
+        ids: &ids,
+    };
+    let passes: Vec<Pass> = (0..reps).map(|_| floor_pass(&w)).collect();
+    let mut out = String::new();
+    json_line(&mut out, "rust-floor", &w, &passes, counting);
+    out.push_str(",\"hasher\":\"rustc-hash 2\"}");
+    println!("{out}");
+    check("rust-floor", &w, &passes, counting)
+}
+
+/// `kvdrain bench stream`: the messages, one a line.
+pub fn stream_main(mut flags: Flags) -> Result<(), Failure> {
+    use std::io::Write as _;
+    let params = stream_params(&mut flags, None)?;
+    flags.finish()?;
+    let stream = stream::generate(&params);
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    stream
+        .write_lines(&mut out)
+        .and_then(|()| out.flush())
+        .map_err(|e| Failure::Check(format!("cannot write the stream: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(inflight: usize, edges: usize, mode: Mode, fail_share: f64) -> Pass {
+        let params = Params {
+            inflight,
+            edges,
+            notifications: inflight * edges * 3 + edges + 1,
+            fail_share,
+            seed: 3,
+        };
+        let stream = stream::generate(&params);
+        let ids: Vec<String> = (0..inflight).map(stream::request_id).collect();
+        let w = Workload {
+            params: &params,
+            mode,
+            stream: &stream,
+            ids: &ids,
+        };
+        let shape = Shape::for_run(inflight, edges, mode).expect("valid shape");
+        let passes = on_big_stack(stack_for(shape.bytes), || vec![shape.pass(&w)])
+            .unwrap_or_else(|_| panic!("bench thread"));
+        check("kvdrain", &w, &passes, false).unwrap_or_else(|_| panic!("check"));
+        let floor = [floor_pass(&w)];
+        check("floor", &w, &floor, false).unwrap_or_else(|_| panic!("floor check"));
+        passes[0]
+    }
+
+    #[test]
+    fn every_group_decides_and_reregisters() {
+        let p = run(100, 2, Mode::Counting, 0.05);
+        assert_eq!(p.decided, 301);
+        assert!(p.failed > 0);
+        let q = run(64, 3, Mode::Named, 0.0);
+        assert_eq!((q.decided, q.failed), (193, 0));
+        let r = run(40, 20, Mode::Named, 0.5);
+        assert!(r.failed > 0);
+    }
+
+    #[test]
+    fn shapes_round_up_and_pick_the_edge_capacity() {
+        let s = Shape::for_run(3000, 2, Mode::Counting).expect("fits");
+        assert_eq!((s.n, s.e), (4096, 8));
+        let s = Shape::for_run(1, 32, Mode::Named).expect("fits");
+        assert_eq!((s.n, s.e), (64, 32));
+        assert!(Shape::for_run(65_537, 2, Mode::Counting).is_err());
+        assert!(Shape::for_run(64, 33, Mode::Named).is_err());
+    }
+}

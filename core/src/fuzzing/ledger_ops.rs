@@ -1,0 +1,645 @@
+//! `ledger_ops`: an `Arbitrary` sequence of operations applied to the real [`Ledger`] and
+//! to the reference [`Model`]; any difference in an outcome is a crash, and the spec's
+//! rules are checked after every step.
+//!
+//! Ids come from a small alphabet (so operations collide on the same requests) that
+//! includes ids with `:`; notification bytes are either built from the alphabet (valid,
+//! with edge-case TP sizes) or raw fuzzer bytes. Times are small so deadlines and
+//! quarantines fire within a run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::format;
+use std::string::String;
+use std::sync::OnceLock;
+use std::vec::Vec;
+
+use arbitrary::{Arbitrary, Unstructured};
+
+use super::model::{
+    MAbortError, MConfig, MDecision, MExpect, MIgnore, MNoticed, MOutstanding, MReject, Model,
+};
+use crate::{
+    AbortError, AgentId, BlockHandle, Config, Counting, Decision, Expect, IgnoreReason, Ledger,
+    Noticed, Outstanding, Quarantined, RegisterErrorKind, Registration,
+};
+
+/// Slots of the fuzzed ledger (small, so full tables are easy to reach).
+const N: usize = 16;
+/// Named edges per request.
+const E: usize = 4;
+/// Agents `0..AGENTS`; more than `E`, so edge lists can be too long.
+const AGENTS: u8 = 6;
+
+/// Request ids the operations pick from (`a:b` and `x:1:2` test the last-`:` rule).
+const IDS: [&str; 10] = [
+    "r0",
+    "r1",
+    "r2",
+    "r3",
+    "a:b",
+    "x:1:2",
+    "cmpl-0",
+    "cmpl-1",
+    "PUSH_FAIL",
+    "\u{fc}",
+];
+
+#[derive(Arbitrary, Debug)]
+struct Setup {
+    capacity: u8,
+    deadline_ms: u8,
+    quarantine_ms: u8,
+}
+
+#[derive(Arbitrary, Debug)]
+enum Message {
+    Completion { id: u8, tp: u16 },
+    Failure { id: u8, tp: u16 },
+    Heartbeat,
+    Registration(Vec<u8>),
+    Raw(Vec<u8>),
+}
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    RegisterCount {
+        id: u8,
+        count: u8,
+        deadline_ms: Option<u8>,
+    },
+    RegisterEdges {
+        id: u8,
+        agents: Vec<u8>,
+        deadline_ms: Option<u8>,
+    },
+    Notify {
+        agent: u8,
+        message: Message,
+    },
+    AbortId {
+        id: u8,
+    },
+    AbortTicket {
+        nth: u8,
+    },
+    Fence {
+        agent: u8,
+    },
+    Tick {
+        ms: u8,
+    },
+    /// An absolute time, possibly in the past (must be refused).
+    AdvanceTo {
+        ms: u16,
+    },
+    Poll,
+}
+
+fn id(i: u8) -> &'static str {
+    IDS[usize::from(i) % IDS.len()]
+}
+
+/// Mostly small counts, sometimes the edges of `1..=64`.
+fn count(c: u8) -> u8 {
+    match c {
+        250 => 0,
+        251 => 64,
+        252 => 65,
+        253 => 255,
+        254 => 63,
+        _ => c % 3 + 1,
+    }
+}
+
+fn tp(t: u16) -> u16 {
+    // 0 is malformed; keep a few large sizes.
+    if t >= 0xFFF0 { t } else { t % 9 }
+}
+
+impl Message {
+    fn bytes(&self) -> Vec<u8> {
+        match self {
+            Message::Completion { id: i, tp: t } | Message::Failure { id: i, tp: t } => {
+                let body = format!("{}:{}", id(*i), tp(*t));
+                match self {
+                    Message::Failure { .. } => format!("PUSH_FAIL:{body}").into_bytes(),
+                    _ => body.into_bytes(),
+                }
+            }
+            Message::Heartbeat => b"HB:r0,r1".to_vec(),
+            Message::Registration(payload) => [b"PUSH_REG:".as_slice(), payload].concat(),
+            Message::Raw(bytes) => bytes.clone(),
+        }
+    }
+}
+
+/// Runs one fuzz input.
+pub fn ledger_ops(data: &[u8]) {
+    alphabet_fits_tombstones();
+    let mut u = Unstructured::new(data);
+    let Ok(setup) = Setup::arbitrary(&mut u) else {
+        return;
+    };
+    let Ok(ops) = Vec::<Op>::arbitrary(&mut u) else {
+        return;
+    };
+    // `KVDRAIN_FUZZ_TRACE=1 cargo fuzz run ledger_ops ARTIFACT` prints the operations.
+    if std::env::var_os("KVDRAIN_FUZZ_TRACE").is_some() {
+        std::eprintln!("{setup:?}");
+        for (step, op) in ops.iter().enumerate() {
+            std::eprintln!("{step}: {op:?}");
+        }
+    }
+    let mut h = Harness::new(&setup);
+    for (step, op) in ops.iter().take(512).enumerate() {
+        h.apply(op);
+        h.check_rules(step, op);
+    }
+    // Run every clock out: each request ends and every slot comes back.
+    let end = h.model.now() + 2 * 256 + 1;
+    h.advance(end);
+    h.poll();
+    assert_eq!(h.ledger.len(), 0, "requests left after every timer ran out");
+    h.check_rules(usize::MAX, &Op::Poll);
+}
+
+/// Exactness of `late` vs `unknown` needs every alphabet id to fit in the tombstone table
+/// at once (the model remembers decided ids forever). Checked once, black-box.
+fn alphabet_fits_tombstones() {
+    static CHECKED: OnceLock<()> = OnceLock::new();
+    CHECKED.get_or_init(|| {
+        let mut ledger: Ledger<N, E> = Ledger::new(config(N, 10, 0));
+        for (i, id) in IDS.iter().enumerate() {
+            let registration = Registration {
+                id,
+                blocks: BlockHandle(i as u64),
+                expect: Expect::Count(1),
+                deadline_ms: None,
+            };
+            let _ticket = ledger.register(registration).expect("room");
+            let _quarantined = ledger.abort_id(id).expect("tracked");
+            ledger.advance(0, drop).expect("clock");
+        }
+        assert!(ledger.is_empty());
+        for id in IDS {
+            assert_eq!(
+                ledger.abort_id(id),
+                Err(AbortError::Late),
+                "fuzz alphabet does not fit the tombstone table: pick other ids"
+            );
+        }
+    });
+}
+
+fn config(capacity: usize, deadline_ms: u64, quarantine_ms: u64) -> Config {
+    Config {
+        capacity,
+        deadline_ms,
+        quarantine_ms,
+        ..Config::with_capacity(capacity)
+    }
+}
+
+/// What the spec lets an observer of the real ledger's outputs know about a request.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Terminal {
+    Completed,
+    Failed,
+    Aborted,
+    Expired,
+}
+
+#[derive(Debug)]
+struct Seen {
+    deadline: u64,
+    blocks: u64,
+    /// The outcome and when it was taken.
+    terminal: Option<(Terminal, u64)>,
+    /// `Some(forced)` once released.
+    released: Option<bool>,
+}
+
+struct Harness {
+    ledger: Ledger<N, E>,
+    model: Model,
+    tickets: Vec<Option<Counting>>,
+    seen: BTreeMap<u64, Seen>,
+    deadline_ms: u64,
+    quarantine_ms: u64,
+    notices_counted: u64,
+    notices_failed: u64,
+    last_edges: u64,
+}
+
+fn real_outstanding(o: Outstanding) -> MOutstanding {
+    match o {
+        Outstanding::Count(n) => MOutstanding::Count(n),
+        Outstanding::Edges(mask) => MOutstanding::Edges(mask),
+    }
+}
+
+fn real_decision(d: Decision) -> MDecision {
+    match d {
+        Decision::Completed(done) => {
+            let key = done.key().get();
+            MDecision::Completed {
+                key,
+                blocks: done.into_decode().0,
+            }
+        }
+        Decision::Failed(f) => MDecision::Failed { key: f.key().get() },
+        Decision::Expired(q) => MDecision::Expired {
+            key: q.key().get(),
+            outstanding: real_outstanding(q.outstanding()),
+        },
+        Decision::Released(r) => {
+            let (key, forced) = (r.key().get(), r.forced());
+            MDecision::Released {
+                key,
+                blocks: r.into_free().0,
+                forced,
+            }
+        }
+    }
+}
+
+fn real_ignore(reason: IgnoreReason) -> MIgnore {
+    match reason {
+        IgnoreReason::Malformed(_) => MIgnore::Malformed,
+        IgnoreReason::NotForConsumer => MIgnore::NotForConsumer,
+        IgnoreReason::Unknown => MIgnore::Unknown,
+        IgnoreReason::Late => MIgnore::Late,
+        IgnoreReason::Duplicate => MIgnore::Duplicate,
+        IgnoreReason::UnexpectedSender => MIgnore::UnexpectedSender,
+    }
+}
+
+impl Harness {
+    fn new(setup: &Setup) -> Self {
+        let capacity = usize::from(setup.capacity % (N as u8 + 2));
+        let deadline_ms = u64::from(setup.deadline_ms % 64);
+        let quarantine_ms = u64::from(setup.quarantine_ms % 64);
+        Harness {
+            ledger: Ledger::new(config(capacity, deadline_ms, quarantine_ms)),
+            model: Model::new(MConfig {
+                capacity: capacity.min(N),
+                deadline_ms,
+                quarantine_ms,
+                max_edges: E,
+            }),
+            tickets: Vec::new(),
+            seen: BTreeMap::new(),
+            deadline_ms,
+            quarantine_ms,
+            notices_counted: 0,
+            notices_failed: 0,
+            last_edges: 0,
+        }
+    }
+
+    fn apply(&mut self, op: &Op) {
+        match op {
+            Op::RegisterCount {
+                id: i,
+                count: c,
+                deadline_ms,
+            } => self.register(id(*i), MExpect::Count(count(*c)), *deadline_ms),
+            Op::RegisterEdges {
+                id: i,
+                agents,
+                deadline_ms,
+            } => {
+                let agents = agents.iter().map(|a| u16::from(a % AGENTS)).collect();
+                self.register(id(*i), MExpect::Edges(agents), *deadline_ms);
+            }
+            Op::Notify { agent, message } => self.notify(u16::from(agent % AGENTS), message),
+            Op::AbortId { id: i } => {
+                let real = self.ledger.abort_id(id(*i));
+                let model = self.model.abort_id(id(*i));
+                self.compare_abort(real, model);
+            }
+            Op::AbortTicket { nth } => {
+                if self.tickets.is_empty() {
+                    return;
+                }
+                let at = usize::from(*nth) % self.tickets.len();
+                let Some(ticket) = self.tickets[at].take() else {
+                    return;
+                };
+                let key = ticket.key().get();
+                let real = self.ledger.abort(ticket);
+                let model = self.model.abort_key(key);
+                self.compare_abort(real, model);
+            }
+            Op::Fence { agent } => {
+                let agent = u16::from(agent % AGENTS);
+                let mut real = Vec::new();
+                let resolved = self.ledger.fence(AgentId(agent), |d| real.push(d));
+                let real: Vec<MDecision> = real.into_iter().map(real_decision).collect();
+                let (model_resolved, model) = self.model.fence(agent);
+                assert_eq!(resolved, model_resolved, "fence {agent}: edges resolved");
+                assert_eq!(real, model, "fence {agent}: decisions");
+                self.observe(&real);
+            }
+            Op::Tick { ms } => self.advance(self.model.now() + u64::from(ms % 32)),
+            Op::AdvanceTo { ms } => self.advance(u64::from(*ms % 1024)),
+            Op::Poll => self.poll(),
+        }
+    }
+
+    fn register(&mut self, id: &str, expect: MExpect, deadline_ms: Option<u8>) {
+        let deadline_ms = deadline_ms.map(|d| u64::from(d % 64));
+        let blocks = 1000 + self.tickets.len() as u64 + self.seen.len() as u64 * 7;
+        let agents: Vec<AgentId> = match &expect {
+            MExpect::Edges(agents) => agents.iter().map(|&a| AgentId(a)).collect(),
+            MExpect::Count(_) => Vec::new(),
+        };
+        let real_expect = match &expect {
+            MExpect::Count(n) => Expect::Count(*n),
+            MExpect::Edges(_) => Expect::Edges(&agents),
+        };
+        let registration = Registration {
+            id,
+            blocks: BlockHandle(blocks),
+            expect: real_expect,
+            deadline_ms,
+        };
+        let real = self.ledger.register(registration);
+        let model = self.model.register(id, blocks, &expect, deadline_ms);
+        match (real, model) {
+            (Ok(ticket), Ok(key)) => {
+                assert_eq!(ticket.key().get(), key, "register {id}: key");
+                let deadline = deadline_ms.unwrap_or(self.deadline_ms);
+                self.seen.insert(
+                    key,
+                    Seen {
+                        deadline: self.model.now().saturating_add(deadline),
+                        blocks,
+                        terminal: None,
+                        released: None,
+                    },
+                );
+                self.tickets.push(Some(ticket));
+            }
+            (Err(e), Err(m)) => {
+                let kind = match m {
+                    MReject::BadCount => RegisterErrorKind::BadCount,
+                    MReject::BadEdges => RegisterErrorKind::BadEdges,
+                    MReject::DuplicateId => RegisterErrorKind::DuplicateId,
+                    MReject::Full => RegisterErrorKind::Full,
+                };
+                assert_eq!(e.kind, kind, "register {id}: refusal");
+                assert_eq!(
+                    e.registration.id, id,
+                    "a refused registration comes back whole"
+                );
+                assert_eq!(e.registration.blocks, BlockHandle(blocks));
+            }
+            (real, model) => panic!("register {id}: real {real:?}, model {model:?}"),
+        }
+    }
+
+    fn notify(&mut self, agent: u16, message: &Message) {
+        let bytes = message.bytes();
+        let len_before = self.ledger.len();
+        let real = self
+            .ledger
+            .handle_notification(AgentId(agent), &bytes)
+            .map_err(|e| (real_ignore(e.reason), e.request_id.map(String::from)));
+        let model = self.model.notify(agent, &bytes);
+        let real = real.map(|n| match n {
+            Noticed::Counted => MNoticed::Counted,
+            Noticed::Decided => MNoticed::Decided,
+        });
+        assert_eq!(real, model, "notify from {agent}: {bytes:?}");
+        match real {
+            Ok(n) => {
+                if bytes.starts_with(b"PUSH_FAIL:") {
+                    self.notices_failed += 1;
+                } else {
+                    self.notices_counted += 1;
+                }
+                self.last_edges += u64::from(n == MNoticed::Decided);
+            }
+            // Rule 4/5: an ignored notice changes nothing.
+            Err(_) => assert_eq!(
+                self.ledger.len(),
+                len_before,
+                "an ignored notice made state"
+            ),
+        }
+    }
+
+    fn compare_abort(
+        &mut self,
+        real: Result<Quarantined, AbortError>,
+        model: Result<(u64, MOutstanding), MAbortError>,
+    ) {
+        match (real, model) {
+            (Ok(q), Ok((key, outstanding))) => {
+                assert_eq!(q.key().get(), key, "abort: key");
+                assert_eq!(
+                    real_outstanding(q.outstanding()),
+                    outstanding,
+                    "abort {key}"
+                );
+                self.terminal(key, Terminal::Aborted);
+            }
+            (Err(AbortError::Unknown), Err(MAbortError::Unknown))
+            | (Err(AbortError::Late), Err(MAbortError::Late)) => {}
+            (real, model) => panic!("abort: real {real:?}, model {model:?}"),
+        }
+    }
+
+    fn advance(&mut self, now: u64) {
+        let mut real = Vec::new();
+        let result = self.ledger.advance(now, |d| real.push(d));
+        let real: Vec<MDecision> = real.into_iter().map(real_decision).collect();
+        match (result, self.model.advance(now)) {
+            (Ok(()), Ok(model)) => assert_eq!(real, model, "advance to {now}"),
+            (Err(_), Err(())) => {
+                assert!(real.is_empty(), "a refused advance decided");
+                return;
+            }
+            (real, model) => panic!("advance to {now}: real {real:?}, model {model:?}"),
+        }
+        self.observe(&real);
+        assert_eq!(self.ledger.now(), now, "clock");
+        // Rule 2: by the first advance reaching its deadline every request has its outcome
+        // (or waits in the ready queue, its decision taken).
+        for (&key, seen) in &self.seen {
+            if seen.terminal.is_none() && seen.deadline <= now {
+                assert!(self.model.is_ready(key), "{key} missed its deadline");
+            }
+        }
+    }
+
+    fn poll(&mut self) {
+        let mut real = Vec::new();
+        let count = self.ledger.poll(|d| real.push(d));
+        let real: Vec<MDecision> = real.into_iter().map(real_decision).collect();
+        let model = self.model.poll();
+        assert_eq!(real, model, "poll");
+        let requests: BTreeSet<u64> = model.iter().map(MDecision::key).collect();
+        assert_eq!(count, requests.len(), "poll: requests decided");
+        self.observe(&real);
+    }
+
+    fn terminal(&mut self, key: u64, t: Terminal) {
+        let now = self.model.now();
+        let seen = self
+            .seen
+            .get_mut(&key)
+            .expect("decision for a registered key");
+        // Rule 2: exactly one of completed, failed, aborted, expired.
+        assert_eq!(seen.terminal, None, "{key}: second outcome {t:?}");
+        seen.terminal = Some((t, now));
+    }
+
+    /// Checks a batch of decisions against the spec's rules, in emission order.
+    fn observe(&mut self, decisions: &[MDecision]) {
+        for (i, d) in decisions.iter().enumerate() {
+            match *d {
+                MDecision::Completed { key, blocks } => {
+                    self.terminal(key, Terminal::Completed);
+                    assert_eq!(self.seen[&key].blocks, blocks, "{key}: blocks");
+                }
+                MDecision::Failed { key } => {
+                    self.terminal(key, Terminal::Failed);
+                    // `released` follows at once.
+                    let released = MDecision::Released {
+                        key,
+                        blocks: self.seen[&key].blocks,
+                        forced: false,
+                    };
+                    assert_eq!(
+                        decisions.get(i + 1),
+                        Some(&released),
+                        "{key}: failed, then?"
+                    );
+                }
+                MDecision::Expired { key, .. } => self.terminal(key, Terminal::Expired),
+                MDecision::Released {
+                    key,
+                    blocks,
+                    forced,
+                } => {
+                    let now = self.model.now();
+                    let quarantine_ms = self.quarantine_ms;
+                    let seen = self
+                        .seen
+                        .get_mut(&key)
+                        .expect("release of a registered key");
+                    assert_eq!(seen.blocks, blocks, "{key}: blocks");
+                    assert_eq!(seen.released, None, "{key}: released twice");
+                    seen.released = Some(forced);
+                    let Some((t, since)) = seen.terminal else {
+                        panic!("{key}: released before any outcome");
+                    };
+                    assert_ne!(t, Terminal::Completed, "{key}: released after completed");
+                    if forced {
+                        // Rule 1: forced only when the quarantine ran out.
+                        assert!(
+                            matches!(t, Terminal::Aborted | Terminal::Expired),
+                            "{key}: forced release of a {t:?} request"
+                        );
+                        // After the deadline (expired) or the abort.
+                        let start = match t {
+                            Terminal::Expired => seen.deadline,
+                            _ => since,
+                        };
+                        assert!(
+                            start.saturating_add(quarantine_ms) <= now,
+                            "{key}: forced release before the quarantine ran out"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The spec's rules that must hold between any two operations.
+    fn check_rules(&mut self, step: usize, op: &Op) {
+        let now = self.model.now();
+        let ctx = || format!("after step {step} ({op:?}) at {now}");
+        // Rule 7 and the capacity contract.
+        assert_eq!(self.ledger.len(), self.model.len(), "tracked {}", ctx());
+        assert!(
+            self.ledger.len() <= self.model.capacity(),
+            "over capacity {}",
+            ctx()
+        );
+        assert_eq!(
+            self.ledger.is_full(),
+            self.ledger.len() >= self.model.capacity(),
+            "is_full {}",
+            ctx()
+        );
+        for (&key, seen) in &self.seen {
+            // Rule 1: blocks that did not come back are still fenced by a tracked request.
+            let holds_blocks = match seen.terminal {
+                Some((Terminal::Completed, _)) => false,
+                Some(_) => seen.released.is_none(),
+                None => true,
+            };
+            assert_eq!(
+                holds_blocks,
+                self.model.is_tracked(key),
+                "{key}: blocks held vs tracked {}",
+                ctx()
+            );
+        }
+        // The wake-up hint is never later than the next timer that matters.
+        if let Some(due) = self.model.next_due() {
+            let hint = self.ledger.next_timer();
+            assert!(
+                hint.is_some_and(|t| t <= due),
+                "next_timer {hint:?} later than {due} {}",
+                ctx()
+            );
+        }
+        self.check_counters(&ctx());
+    }
+
+    fn check_counters(&self, ctx: &str) {
+        let c = self.ledger.counters();
+        assert_eq!(c.ingest.ready_overflow, 0, "ready ring overflow {ctx}");
+        assert_eq!(
+            c.ingest.completions, self.notices_counted,
+            "completions {ctx}"
+        );
+        assert_eq!(
+            c.ingest.failure_notices, self.notices_failed,
+            "failures {ctx}"
+        );
+        assert_eq!(c.ingest.last_edges, self.last_edges, "last edges {ctx}");
+        let mut completed = 0;
+        let mut failed = 0;
+        let mut aborted = 0;
+        let mut expired = 0;
+        let mut released = 0;
+        let mut forced = 0;
+        for seen in self.seen.values() {
+            match seen.released {
+                Some(true) => forced += 1,
+                Some(false) => released += 1,
+                None => {}
+            }
+            match seen.terminal {
+                Some((Terminal::Completed, _)) => completed += 1,
+                Some((Terminal::Failed, _)) => failed += 1,
+                Some((Terminal::Aborted, _)) => aborted += 1,
+                Some((Terminal::Expired, _)) => expired += 1,
+                None => {}
+            }
+        }
+        let e = c.engine;
+        assert_eq!(e.registered, self.seen.len() as u64, "registered {ctx}");
+        assert_eq!(e.completed, completed, "completed {ctx}");
+        assert_eq!(e.failed, failed, "failed {ctx}");
+        assert_eq!(e.aborted, aborted, "aborted {ctx}");
+        assert_eq!(e.expired, expired, "expired {ctx}");
+        assert_eq!(e.released, released, "released {ctx}");
+        assert_eq!(e.released_forced, forced, "forced releases {ctx}");
+    }
+}

@@ -1,0 +1,435 @@
+//! The reference model for the `ledger_ops` differential target: the consumer-side rules of
+//! `spec/replay-trace.md` plus the crate's documented drive contract, written as plainly as
+//! possible with std collections. It shares no code with the tracker (not even the message
+//! parser) and does no clever bookkeeping: every operation scans a `Vec` of live requests
+//! kept in registration order.
+//!
+//! The documented API adds one thing to the spec's replay view: a request whose last edge
+//! was resolved by a notification is *decided* at once but its decision is handed out by
+//! the next `poll` (the ready queue). Until then it still holds its slot and its id, later
+//! notices and aborts for it are `late`, and its timers no longer matter.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::string::{String, ToString};
+use std::vec::Vec;
+
+use super::spec_parse::{SpecMessage, spec_parse};
+
+/// What a registration waits for.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(crate) enum MExpect {
+    Count(u8),
+    Edges(Vec<u16>),
+}
+
+/// Why a registration is refused.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum MReject {
+    BadCount,
+    BadEdges,
+    DuplicateId,
+    Full,
+}
+
+/// Why a notification changed nothing (the spec's `ignored` reasons).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum MIgnore {
+    Malformed,
+    NotForConsumer,
+    Unknown,
+    Late,
+    Duplicate,
+    UnexpectedSender,
+}
+
+/// What an accepted notification did.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum MNoticed {
+    Counted,
+    Decided,
+}
+
+/// Edges still owed: a count, or a bit per registered agent (registration order).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum MOutstanding {
+    Count(u8),
+    Edges(u64),
+}
+
+/// Why an abort changed nothing.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum MAbortError {
+    Unknown,
+    Late,
+}
+
+/// A decision, with the request's registration number as its key.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(crate) enum MDecision {
+    Completed { key: u64, blocks: u64 },
+    Failed { key: u64 },
+    Expired { key: u64, outstanding: MOutstanding },
+    Released { key: u64, blocks: u64, forced: bool },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    Counting,
+    Aborted,
+    Expired,
+}
+
+#[derive(Clone, Debug)]
+enum Owed {
+    Count(u8),
+    /// `(agent, resolved)` in registration order.
+    Edges(Vec<(u16, bool)>),
+}
+
+#[derive(Clone, Debug)]
+struct Request {
+    key: u64,
+    id: String,
+    blocks: u64,
+    owed: Owed,
+    failed: bool,
+    phase: Phase,
+    deadline: u64,
+    /// When the blocks are released anyway (aborted or expired only).
+    quarantine_end: u64,
+    /// Every edge resolved by a notice; the decision waits for `poll`.
+    ready: bool,
+}
+
+impl Request {
+    fn all_resolved(&self) -> bool {
+        match &self.owed {
+            Owed::Count(n) => *n == 0,
+            Owed::Edges(edges) => edges.iter().all(|&(_, resolved)| resolved),
+        }
+    }
+
+    fn outstanding(&self) -> MOutstanding {
+        match &self.owed {
+            Owed::Count(n) => MOutstanding::Count(*n),
+            Owed::Edges(edges) => {
+                let mut mask = 0;
+                for (i, &(_, resolved)) in edges.iter().enumerate() {
+                    if !resolved {
+                        mask |= 1 << i;
+                    }
+                }
+                MOutstanding::Edges(mask)
+            }
+        }
+    }
+
+    /// The decisions of a request whose every edge is resolved.
+    fn drained_decisions(&self) -> Vec<MDecision> {
+        // Rule 1: nothing is released while an edge is outstanding.
+        assert!(self.all_resolved(), "decided with edges outstanding");
+        let released = MDecision::Released {
+            key: self.key,
+            blocks: self.blocks,
+            forced: false,
+        };
+        match self.phase {
+            Phase::Counting if !self.failed => std::vec![MDecision::Completed {
+                key: self.key,
+                blocks: self.blocks,
+            }],
+            Phase::Counting => std::vec![MDecision::Failed { key: self.key }, released],
+            Phase::Aborted | Phase::Expired => std::vec![released],
+        }
+    }
+}
+
+impl MDecision {
+    pub(crate) fn key(&self) -> u64 {
+        match *self {
+            MDecision::Completed { key, .. }
+            | MDecision::Failed { key }
+            | MDecision::Expired { key, .. }
+            | MDecision::Released { key, .. } => key,
+        }
+    }
+}
+
+/// Settings of the model, as in [`Config`](crate::Config).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MConfig {
+    pub(crate) capacity: usize,
+    pub(crate) deadline_ms: u64,
+    pub(crate) quarantine_ms: u64,
+    /// Most named edges a registration may list (`E`).
+    pub(crate) max_edges: usize,
+}
+
+/// The model tracker.
+#[derive(Debug)]
+pub(crate) struct Model {
+    config: MConfig,
+    now: u64,
+    next_key: u64,
+    /// Tracked requests (decided-but-not-polled and quarantined ones included), in
+    /// registration order.
+    live: Vec<Request>,
+    /// Keys decided by a notice, in the order their last edge was resolved.
+    ready: VecDeque<u64>,
+    /// Ids of requests that were decided and left the table.
+    remembered: BTreeSet<String>,
+}
+
+impl Model {
+    pub(crate) fn new(config: MConfig) -> Self {
+        Model {
+            config,
+            now: 0,
+            next_key: 0,
+            live: Vec::new(),
+            ready: VecDeque::new(),
+            remembered: BTreeSet::new(),
+        }
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        self.now
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.config.capacity
+    }
+
+    /// Whether the request with this key waits in the ready queue.
+    pub(crate) fn is_ready(&self, key: u64) -> bool {
+        self.ready.contains(&key)
+    }
+
+    /// Whether the request with this key is still in the table.
+    pub(crate) fn is_tracked(&self, key: u64) -> bool {
+        self.live.iter().any(|r| r.key == key)
+    }
+
+    /// The earliest time a timer of a request still waiting on the clock falls.
+    pub(crate) fn next_due(&self) -> Option<u64> {
+        self.live
+            .iter()
+            .filter(|r| !r.ready)
+            .map(|r| match r.phase {
+                Phase::Counting => r.deadline,
+                Phase::Aborted | Phase::Expired => r.quarantine_end,
+            })
+            .min()
+    }
+
+    fn position(&self, id: &str) -> Option<usize> {
+        self.live.iter().position(|r| r.id == id)
+    }
+
+    /// Takes a request out of the table and remembers its id.
+    fn retire(&mut self, at: usize) -> Request {
+        let request = self.live.remove(at);
+        self.remembered.insert(request.id.clone());
+        request
+    }
+
+    pub(crate) fn register(
+        &mut self,
+        id: &str,
+        blocks: u64,
+        expect: &MExpect,
+        deadline_ms: Option<u64>,
+    ) -> Result<u64, MReject> {
+        let owed = match expect {
+            MExpect::Count(n) if (1..=64).contains(n) => Owed::Count(*n),
+            MExpect::Count(_) => return Err(MReject::BadCount),
+            MExpect::Edges(agents) => {
+                let distinct: BTreeSet<u16> = agents.iter().copied().collect();
+                if agents.is_empty()
+                    || agents.len() > self.config.max_edges
+                    || distinct.len() != agents.len()
+                {
+                    return Err(MReject::BadEdges);
+                }
+                Owed::Edges(agents.iter().map(|&a| (a, false)).collect())
+            }
+        };
+        if self.position(id).is_some() {
+            return Err(MReject::DuplicateId);
+        }
+        if self.live.len() >= self.config.capacity {
+            return Err(MReject::Full);
+        }
+        let key = self.next_key;
+        self.next_key += 1;
+        self.live.push(Request {
+            key,
+            id: id.to_string(),
+            blocks,
+            owed,
+            failed: false,
+            phase: Phase::Counting,
+            deadline: self
+                .now
+                .saturating_add(deadline_ms.unwrap_or(self.config.deadline_ms)),
+            quarantine_end: 0,
+            ready: false,
+        });
+        Ok(key)
+    }
+
+    /// A notification from `agent`. On `Err`, the id the message named (if it parsed).
+    pub(crate) fn notify(
+        &mut self,
+        agent: u16,
+        bytes: &[u8],
+    ) -> Result<MNoticed, (MIgnore, Option<String>)> {
+        let (id, failed) = match spec_parse(bytes) {
+            SpecMessage::Malformed => return Err((MIgnore::Malformed, None)),
+            SpecMessage::NotForConsumer => return Err((MIgnore::NotForConsumer, None)),
+            SpecMessage::Notice { id, failed, .. } => (id, failed),
+        };
+        let Some(at) = self.position(&id) else {
+            let reason = if self.remembered.contains(&id) {
+                MIgnore::Late
+            } else {
+                MIgnore::Unknown
+            };
+            return Err((reason, Some(id)));
+        };
+        let request = &mut self.live[at];
+        if request.ready {
+            return Err((MIgnore::Late, Some(id)));
+        }
+        match &mut request.owed {
+            Owed::Count(n) => *n -= 1,
+            Owed::Edges(edges) => match edges.iter_mut().find(|(a, _)| *a == agent) {
+                None => return Err((MIgnore::UnexpectedSender, Some(id))),
+                Some((_, true)) => return Err((MIgnore::Duplicate, Some(id))),
+                Some((_, resolved)) => *resolved = true,
+            },
+        }
+        request.failed |= failed;
+        if request.all_resolved() {
+            request.ready = true;
+            self.ready.push_back(request.key);
+            Ok(MNoticed::Decided)
+        } else {
+            Ok(MNoticed::Counted)
+        }
+    }
+
+    fn abort_at(&mut self, at: usize) -> Result<(u64, MOutstanding), MAbortError> {
+        let quarantine_end = self.now.saturating_add(self.config.quarantine_ms);
+        let request = &mut self.live[at];
+        if request.ready || request.phase != Phase::Counting {
+            return Err(MAbortError::Late);
+        }
+        request.phase = Phase::Aborted;
+        request.quarantine_end = quarantine_end;
+        Ok((request.key, request.outstanding()))
+    }
+
+    /// Abort by id.
+    pub(crate) fn abort_id(&mut self, id: &str) -> Result<(u64, MOutstanding), MAbortError> {
+        match self.position(id) {
+            Some(at) => self.abort_at(at),
+            None if self.remembered.contains(id) => Err(MAbortError::Late),
+            None => Err(MAbortError::Unknown),
+        }
+    }
+
+    /// Abort by the ticket of registration `key` (a ticket exists only for accepted
+    /// registrations, so a request no longer tracked is `Late`).
+    pub(crate) fn abort_key(&mut self, key: u64) -> Result<(u64, MOutstanding), MAbortError> {
+        match self.live.iter().position(|r| r.key == key) {
+            Some(at) => self.abort_at(at),
+            None => Err(MAbortError::Late),
+        }
+    }
+
+    /// `agent` can no longer write: its outstanding named edges fail now.
+    pub(crate) fn fence(&mut self, agent: u16) -> (u32, Vec<MDecision>) {
+        let mut resolved = 0;
+        let mut decisions = Vec::new();
+        let mut at = 0;
+        while at < self.live.len() {
+            let request = &mut self.live[at];
+            let mut hit = false;
+            if let Owed::Edges(edges) = &mut request.owed {
+                if let Some((_, done)) = edges.iter_mut().find(|(a, done)| *a == agent && !*done) {
+                    *done = true;
+                    hit = true;
+                }
+            }
+            if hit {
+                resolved += 1;
+                request.failed = true;
+                if request.all_resolved() {
+                    let request = self.retire(at);
+                    decisions.extend(request.drained_decisions());
+                    continue;
+                }
+            }
+            at += 1;
+        }
+        (resolved, decisions)
+    }
+
+    /// Moves the clock; deadlines and quarantine ends at or before `now` fire, request by
+    /// request in registration order. `Err` if the clock would go backwards.
+    pub(crate) fn advance(&mut self, now: u64) -> Result<Vec<MDecision>, ()> {
+        if now < self.now {
+            return Err(());
+        }
+        self.now = now;
+        let mut decisions = Vec::new();
+        let mut at = 0;
+        while at < self.live.len() {
+            let quarantine_ms = self.config.quarantine_ms;
+            let request = &mut self.live[at];
+            if request.ready {
+                at += 1;
+                continue;
+            }
+            if request.phase == Phase::Counting && request.deadline <= now {
+                request.phase = Phase::Expired;
+                request.quarantine_end = request.deadline.saturating_add(quarantine_ms);
+                decisions.push(MDecision::Expired {
+                    key: request.key,
+                    outstanding: request.outstanding(),
+                });
+            }
+            if request.phase != Phase::Counting && request.quarantine_end <= now {
+                let request = self.retire(at);
+                decisions.push(MDecision::Released {
+                    key: request.key,
+                    blocks: request.blocks,
+                    forced: true,
+                });
+                continue;
+            }
+            at += 1;
+        }
+        Ok(decisions)
+    }
+
+    /// Hands out the decisions of requests decided by notices, oldest first.
+    pub(crate) fn poll(&mut self) -> Vec<MDecision> {
+        let mut decisions = Vec::new();
+        while let Some(key) = self.ready.pop_front() {
+            let at = self
+                .live
+                .iter()
+                .position(|r| r.key == key)
+                .expect("a ready request stays tracked until polled");
+            let request = self.retire(at);
+            decisions.extend(request.drained_decisions());
+        }
+        decisions
+    }
+}
