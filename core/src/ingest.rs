@@ -297,10 +297,12 @@ mod tests {
 
     #[test]
     fn fast_path_agrees_with_the_parser() {
+        // Under miri (~1000x slower) a sample still covers every shape and prefix.
+        let (inputs, tps) = if cfg!(miri) { (2_000, 700) } else { (200_000, 70_000u32) };
         let alphabet = b":0123456789PUSH_FAILREGB,a\xc3\xa9\x80";
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         let mut buf = [0u8; 24];
-        for _ in 0..200_000 {
+        for _ in 0..inputs {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
@@ -318,7 +320,7 @@ mod tests {
                 agrees(&v);
             }
         }
-        for tp in 0..70_000u32 {
+        for tp in (0..tps).chain(65_530..65_540) {
             agrees(format!("id:{tp}").as_bytes());
             agrees(format!("PUSH_FAIL:id:{tp:06}").as_bytes());
         }
