@@ -1,5 +1,11 @@
 //! The front ends behind the `kvdrain` command, as a library so that tests and fuzz
 //! targets drive exactly what the command runs.
 
+pub mod bench;
+pub mod demo;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod json;
 pub mod replay;
+pub mod sim;

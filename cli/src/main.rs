@@ -5,11 +5,19 @@ use std::process::ExitCode;
 
 use kvdrain_cli::replay;
 
+// Counts allocations for `kvdrain bench` (its timed loops must make none).
+#[global_allocator]
+static GLOBAL: kvdrain_cli::bench::alloc::CountingAlloc = kvdrain_cli::bench::alloc::CountingAlloc;
+
 const USAGE: &str = "\
 usage: kvdrain <command> [args]
 
 commands:
   replay FILE|-     print the decisions the tracker takes for a trace (spec/replay-trace.md)
+  sim --seed S --requests N [--p-tp A --p-pp B --d-tp C | --random-topology]
+                    simulate P->D clusters under every fault class; one JSON line
+  demo [options]    push KV from P (TP=2) to D (TP=1) over real NIXL, with a summary (demo --help)
+  bench WHAT ...    measure ingest, sweep, tick and memory next to the floor and vLLM (bench --help)
 ";
 
 fn main() -> ExitCode {
@@ -20,6 +28,9 @@ fn main() -> ExitCode {
     };
     match command.as_str() {
         "replay" => replay::main(rest),
+        "sim" => kvdrain_cli::sim::main(rest),
+        "demo" => kvdrain_cli::demo::main(rest),
+        "bench" => kvdrain_cli::bench::main(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             ExitCode::SUCCESS

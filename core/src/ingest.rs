@@ -298,7 +298,11 @@ mod tests {
     #[test]
     fn fast_path_agrees_with_the_parser() {
         // Under miri (~1000x slower) a sample still covers every shape and prefix.
-        let (inputs, tps) = if cfg!(miri) { (2_000, 700) } else { (200_000, 70_000u32) };
+        let (inputs, tps) = if cfg!(miri) {
+            (2_000, 700)
+        } else {
+            (200_000, 70_000u32)
+        };
         let alphabet = b":0123456789PUSH_FAILREGB,a\xc3\xa9\x80";
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         let mut buf = [0u8; 24];

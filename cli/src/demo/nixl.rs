@@ -1,0 +1,269 @@
+//! The demo over real NIXL: three agents (two producer ranks, one consumer rank) in this
+//! process, each with its own UCX backend and DRAM block pool, driven by the real pusher and
+//! pump ([`kvdrain_nixl`]).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use kvdrain::{BlockHandle, Outstanding};
+use kvdrain_nixl::consumer::{BlockRelease, PushRequest, PushedRequest};
+use kvdrain_nixl::pool::DramPool;
+use kvdrain_nixl::producer::{Fault, FaultInjector, Offer, SourceBlocks};
+use kvdrain_nixl::testbed::{P_ENGINE, Testbed, TestbedConfig};
+
+use super::{Options, P_TP, Progress, Summary, pattern};
+
+/// A run stops waiting after this long without any decision.
+const STALL: Duration = Duration::from_secs(60);
+
+/// Engine-side bookkeeping: which request holds which slot, and how many of its three
+/// owners (D, P rank 0, P rank 1) still hold the slot.
+#[derive(Debug, Default)]
+struct Slots {
+    request: HashMap<u64, u64>,
+    holders: HashMap<u64, u8>,
+    free: Vec<u64>,
+}
+
+impl Slots {
+    fn put_back(&mut self, slot: u64) {
+        if let Some(h) = self.holders.get_mut(&slot) {
+            *h -= 1;
+            if *h == 0 {
+                self.holders.remove(&slot);
+                self.free.push(slot);
+            }
+        }
+    }
+}
+
+struct DecodeSide<'a> {
+    pool: &'a DramPool,
+    o: &'a Options,
+    slots: &'a mut Slots,
+    s: &'a mut Summary,
+    decided: &'a mut u64,
+}
+
+impl BlockRelease for DecodeSide<'_> {
+    fn decode(&mut self, _request: &PushedRequest, blocks: BlockHandle) {
+        let slot = blocks.0;
+        let n = self.slots.request.get(&slot).copied().unwrap_or(u64::MAX);
+        let p_len = self.o.block_size / usize::from(P_TP);
+        let intact = (0..self.o.blocks).all(|b| {
+            let got = self.pool.read(slot * self.o.blocks as u64 + b as u64);
+            (0..P_TP).all(|r| {
+                let at = usize::from(r) * p_len;
+                got[at..at + p_len] == pattern(n, r, b, p_len)[..]
+            })
+        });
+        self.s.corrupt += u64::from(!intact);
+        self.s.completed += 1;
+        *self.decided += 1;
+        self.slots.put_back(slot);
+    }
+    fn release(&mut self, _request: &PushedRequest, blocks: BlockHandle, forced: bool) {
+        self.s.forced += u64::from(forced);
+        self.slots.put_back(blocks.0);
+    }
+    fn failed(&mut self, _request: &PushedRequest) {
+        self.s.failed += 1;
+        *self.decided += 1;
+    }
+    fn expired(&mut self, _request: &PushedRequest, _outstanding: Outstanding) {
+        self.s.expired += 1;
+        *self.decided += 1;
+    }
+}
+
+struct SourceSide<'a> {
+    slots: &'a mut Slots,
+    slot_of: &'a HashMap<String, u64>,
+}
+
+impl SourceBlocks for SourceSide<'_> {
+    fn release(&mut self, request: &str) {
+        if let Some(&slot) = self.slot_of.get(request) {
+            self.slots.put_back(slot);
+        }
+    }
+}
+
+fn block_ids(o: &Options, slot: u64) -> Vec<Vec<u64>> {
+    let k = o.blocks as u64;
+    vec![(slot * k..slot * k + k).collect()]
+}
+
+/// Runs the demo over real NIXL.
+///
+/// # Errors
+/// Why NIXL could not be used (the caller falls back to the in-process transport). A
+/// failure after the agents are up ends the run and shows in the summary instead.
+pub fn run(o: &Options) -> Result<Summary, String> {
+    // The injected failures make NIXL log one error line each; keep its log to fatal errors
+    // unless the user chose a level.
+    let muted = std::env::var_os("NIXL_LOG_LEVEL").is_none();
+    if muted {
+        // SAFETY: no other thread exists yet (NIXL is not loaded; the demo spawns none), so
+        // nothing reads the environment concurrently.
+        unsafe { std::env::set_var("NIXL_LOG_LEVEL", "FATAL") };
+    }
+    let lib = kvdrain_nixl::ensure_nixl().map_err(|e| e.to_string())?;
+    let p_len = o.block_size / usize::from(P_TP);
+    let cfg = TestbedConfig {
+        prefix: format!("kvdrain-demo-{}", std::process::id()),
+        p_tp: P_TP,
+        p_block_len: p_len,
+        blocks: o.window * o.blocks,
+        lease_ms: 30_000,
+        deadline_ms: 30_000,
+        quarantine_ms: 60_000,
+        progress_thread: o.progress_thread,
+    };
+    let mut tb = Testbed::new(&cfg).map_err(|e| format!("could not set up the agents: {e}"))?;
+    eprintln!(
+        "kvdrain demo: P(TP=2) → D(TP=1) over real NIXL (UCX), three agents in this process\n  \
+         runtime: {}\n  NIXL progress threads {}; NIXL log level {}\n  \
+         {} requests × {} blocks of {} B, window {}, injected failure rate {}",
+        lib.display(),
+        if o.progress_thread {
+            "on"
+        } else {
+            "off (the loop drives progress)"
+        },
+        if muted {
+            "FATAL (set NIXL_LOG_LEVEL to change)"
+        } else {
+            "from NIXL_LOG_LEVEL"
+        },
+        o.requests,
+        o.blocks,
+        o.block_size,
+        o.window,
+        o.fail_rate
+    );
+    for r in 0..P_TP {
+        let opts = o.clone();
+        let injector: FaultInjector = Box::new(move |req: &str, _d| {
+            let n: u64 = req.strip_prefix("p-")?.parse().ok()?;
+            opts.fails(n, r).then_some(Fault::BadDescriptor)
+        });
+        tb.p.pushers[usize::from(r)].set_fault_injector(Some(injector));
+    }
+    let start = Instant::now();
+    let mut s = Summary {
+        transport: "real NIXL (UCX), 3 agents in one process".to_owned(),
+        requests: o.requests,
+        ..Summary::default()
+    };
+    let mut slots = Slots {
+        free: (0..o.window as u64).rev().collect(),
+        ..Slots::default()
+    };
+    let mut slot_of: HashMap<String, u64> = HashMap::new();
+    let mut progress = Progress::new(o.requests);
+    let (mut next, mut decided) = (0u64, 0u64);
+    let mut last_decision = (Instant::now(), 0u64);
+    // A NIXL error mid-run ends the run (reported, not hidden behind the fallback).
+    let mut stopped: Option<String> = None;
+    'run: while decided < o.requests {
+        while next < o.requests {
+            let Some(slot) = slots.free.pop() else { break };
+            let n = next;
+            next += 1;
+            let (pid, did) = (format!("p-{n}"), format!("d-{n}"));
+            slots.request.insert(slot, n);
+            slots.holders.insert(slot, 1 + P_TP as u8);
+            slot_of.insert(pid.clone(), slot);
+            for (r, pool) in tb.p.pools.iter().enumerate() {
+                for (b, &id) in block_ids(o, slot)[0].iter().enumerate() {
+                    pool.write(id, &pattern(n, r as u16, b, p_len));
+                }
+            }
+            for p in &mut tb.p.pushers {
+                p.offer(Offer {
+                    request_id: pid.clone(),
+                    block_ids: block_ids(o, slot),
+                });
+            }
+            let registered = tb.d.consumer.register(PushRequest {
+                id: &did,
+                producer_engine: P_ENGINE,
+                remote_request_id: &pid,
+                transfer_id: Some(&pid),
+                blocks: BlockHandle(slot),
+                block_ids: block_ids(o, slot),
+                deadline_ms: None,
+            });
+            if let Err(e) = registered {
+                stopped = Some(format!("registration refused: {e}"));
+                break 'run;
+            }
+        }
+        let mut busy = false;
+        for p in &mut tb.p.pushers {
+            let mut src = SourceSide {
+                slots: &mut slots,
+                slot_of: &slot_of,
+            };
+            match p.tick(&mut tb.handshake, &mut src) {
+                Ok(t) => busy |= t.notifications + t.posted + t.finished + t.notices > 0,
+                Err(e) => {
+                    stopped = Some(format!("producer tick: {e}"));
+                    break 'run;
+                }
+            }
+        }
+        let mut d = DecodeSide {
+            pool: &tb.d.pool,
+            o,
+            slots: &mut slots,
+            s: &mut s,
+            decided: &mut decided,
+        };
+        match tb.d.consumer.poll(&mut d) {
+            Ok(report) => busy |= report.notifications > 0,
+            Err(e) => {
+                stopped = Some(format!("consumer poll: {e}"));
+                break 'run;
+            }
+        }
+        progress.update(decided);
+        if decided != last_decision.1 {
+            last_decision = (Instant::now(), decided);
+        } else if last_decision.0.elapsed() > STALL {
+            stopped = Some(format!("no decision for {STALL:?}"));
+            break;
+        }
+        if !busy {
+            std::thread::yield_now();
+        }
+    }
+    if let Some(why) = stopped {
+        eprintln!("kvdrain demo: stopped early: {why}");
+        s.unfinished = o.requests - decided;
+    }
+    // Let the producers hand back their last sources before the agents go.
+    let drain = Instant::now();
+    while tb.p.pushers.iter().any(|p| p.in_flight() > 0) && drain.elapsed() < Duration::from_secs(5)
+    {
+        for p in &mut tb.p.pushers {
+            let mut src = SourceSide {
+                slots: &mut slots,
+                slot_of: &slot_of,
+            };
+            let _ = p.tick(&mut tb.handshake, &mut src);
+        }
+    }
+    progress.finish();
+    s.wall = start.elapsed();
+    let c = tb.d.consumer.core_counters();
+    s.completions = c.ingest.completions;
+    s.failure_notices = c.ingest.failure_notices;
+    let landed: u64 = tb.p.pushers.iter().map(|p| p.counters().landed).sum();
+    s.bytes = landed * (o.blocks * p_len) as u64;
+    let latency = tb.d.consumer.latency();
+    s.p50 = latency.quantile(0.5);
+    s.p99 = latency.quantile(0.99);
+    Ok(s)
+}

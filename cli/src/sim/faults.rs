@@ -1,0 +1,180 @@
+//! The fault classes the simulation injects (catalogue ids from the protocol reference,
+//! §9), how often, and how many times each was actually exercised.
+
+use std::fmt::Write as _;
+
+/// Injection rates in parts per million of the chances each fault gets.
+#[derive(Clone, Copy, Debug)]
+pub struct Rates {
+    /// A WRITE fails to post (C2), per edge.
+    pub post_fail: u32,
+    /// After a post failure the producer's loop unwinds (the rest is never attempted).
+    pub unwind: u32,
+    /// A posted WRITE fails (F7), per WRITE.
+    pub write_fail: u32,
+    /// A failed WRITE landed part of its data first.
+    pub partial_data: u32,
+    /// A notification is delivered twice (named-edge requests, or after the decision).
+    pub duplicate: u32,
+    /// A notification is held back so later ones overtake it.
+    pub reorder: u32,
+    /// NIXL reports an error after the completion was delivered (F7): a `PUSH_FAIL`
+    /// follows the completion (named-edge requests only).
+    pub error_after_completion: u32,
+    /// A failure notice cannot be sent (the producer cannot reach the consumer).
+    pub notice_lost: u32,
+    /// `PUSH_REG` does not reach one producer rank (F6), per request.
+    pub partial_registration: u32,
+    /// The consumer aborts the request (C1/F5), per request.
+    pub consumer_abort: u32,
+    /// The producer aborts the request (F5), per request.
+    pub producer_abort: u32,
+    /// An aborting producer sends none of the failure notices it owes.
+    pub producer_abort_silent: u32,
+    /// The producer is slow, so its lease ends while it pushes (F3/F4), per producer rank.
+    pub slow_producer: u32,
+    /// A short deadline that falls while WRITEs are in flight (L1), per request.
+    pub short_deadline: u32,
+    /// A burst of arrivals that fills the tables, per request.
+    pub burst: u32,
+    /// Noise per request: a notice for an unknown id, for an expired id, malformed bytes,
+    /// a misrouted producer-bound message, a notice from the wrong sender.
+    pub unknown_id: u32,
+    /// See `unknown_id`.
+    pub expired_id: u32,
+    /// See `unknown_id`.
+    pub malformed: u32,
+    /// See `unknown_id`.
+    pub misrouted: u32,
+    /// See `unknown_id`.
+    pub wrong_sender: u32,
+    /// A second registration of a tracked id.
+    pub duplicate_registration: u32,
+    /// A producer rank dies, per request.
+    pub producer_death: u32,
+    /// The transport notices the death and fences the dead agent.
+    pub fenced: u32,
+}
+
+impl Default for Rates {
+    fn default() -> Self {
+        Rates {
+            post_fail: 8_000,
+            unwind: 500_000,
+            write_fail: 10_000,
+            partial_data: 500_000,
+            duplicate: 20_000,
+            reorder: 30_000,
+            error_after_completion: 3_000,
+            notice_lost: 30_000,
+            partial_registration: 8_000,
+            consumer_abort: 30_000,
+            producer_abort: 8_000,
+            producer_abort_silent: 500_000,
+            slow_producer: 4_000,
+            short_deadline: 20_000,
+            burst: 1_000,
+            unknown_id: 5_000,
+            expired_id: 5_000,
+            malformed: 5_000,
+            misrouted: 3_000,
+            wrong_sender: 3_000,
+            duplicate_registration: 2_000,
+            producer_death: 300,
+            fenced: 600_000,
+        }
+    }
+}
+
+/// How many times each fault class was exercised.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// C2: WRITEs that failed to post.
+    pub post_failed: u64,
+    /// C2: producer loops that unwound after a post failure.
+    pub loop_unwound: u64,
+    /// F7: WRITEs that failed after posting.
+    pub failed_after_post: u64,
+    /// F7: errors reported after a delivered completion.
+    pub error_after_completion: u64,
+    /// Notifications delivered twice.
+    pub duplicated: u64,
+    /// Notifications held back behind later ones.
+    pub reordered: u64,
+    /// Notices for ids never registered (or not registered yet).
+    pub unknown_id: u64,
+    /// Notices for requests decided and gone.
+    pub expired_id: u64,
+    /// Consumer aborts while edges were outstanding (C1/F5).
+    pub aborted_mid_push: u64,
+    /// Producer aborts (F5).
+    pub producer_abort: u64,
+    /// Producer leases that ended while the push was unfinished (F3).
+    pub lease_expired_in_flight: u64,
+    /// Posts refused because the producer's request had ended (F4).
+    pub deferred_post_refused: u64,
+    /// Consumer deadlines that passed while WRITEs were in flight (L1).
+    pub deadline_expired_in_flight: u64,
+    /// Registrations that missed a producer rank (F6).
+    pub partial_registration: u64,
+    /// Producer deaths the transport fenced.
+    pub producer_death_fenced: u64,
+    /// Producer deaths nobody fenced.
+    pub producer_death_unfenced: u64,
+    /// Malformed notifications.
+    pub malformed: u64,
+    /// `HB:` / `PUSH_REG:` delivered to a consumer.
+    pub misrouted: u64,
+    /// Notices from an agent that is not an edge of the request.
+    pub wrong_sender: u64,
+    /// Failure notices that could not be sent.
+    pub notice_lost: u64,
+    /// Registrations refused by a full table.
+    pub table_full: u64,
+    /// Second registrations of a tracked id.
+    pub duplicate_registration: u64,
+}
+
+impl Faults {
+    /// `(name, count)` for every class, in output order.
+    pub fn entries(&self) -> [(&'static str, u64); 22] {
+        [
+            ("post_failed", self.post_failed),
+            ("loop_unwound", self.loop_unwound),
+            ("failed_after_post", self.failed_after_post),
+            ("error_after_completion", self.error_after_completion),
+            ("duplicated", self.duplicated),
+            ("reordered", self.reordered),
+            ("unknown_id", self.unknown_id),
+            ("expired_id", self.expired_id),
+            ("aborted_mid_push", self.aborted_mid_push),
+            ("producer_abort", self.producer_abort),
+            ("lease_expired_in_flight", self.lease_expired_in_flight),
+            ("deferred_post_refused", self.deferred_post_refused),
+            (
+                "deadline_expired_in_flight",
+                self.deadline_expired_in_flight,
+            ),
+            ("partial_registration", self.partial_registration),
+            ("producer_death_fenced", self.producer_death_fenced),
+            ("producer_death_unfenced", self.producer_death_unfenced),
+            ("malformed", self.malformed),
+            ("misrouted", self.misrouted),
+            ("wrong_sender", self.wrong_sender),
+            ("notice_lost", self.notice_lost),
+            ("table_full", self.table_full),
+            ("duplicate_registration", self.duplicate_registration),
+        ]
+    }
+
+    /// A JSON object of the counts.
+    pub fn to_json(&self) -> String {
+        let mut out = String::from("{");
+        for (i, (name, n)) in self.entries().iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            let _ = write!(out, "{sep}\"{name}\":{n}");
+        }
+        out.push('}');
+        out
+    }
+}

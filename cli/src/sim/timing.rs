@@ -1,0 +1,56 @@
+//! Virtual-time constants of the simulated cluster, in milliseconds.
+//!
+//! The safety argument the memory model checks rests on one inequality: every WRITE of a
+//! request is posted before its producer lease ends ([`LEASE`] after the registration
+//! reaches the producer, which is at most [`REG_LATENCY`] after it was sent) and is
+//! terminal at most [`WRITE_MAX`] later; the consumer's quarantine ([`QUARANTINE`]) starts
+//! at the abort or the deadline, never before the registration, and is longer than
+//! `REG_LATENCY + LEASE + WRITE_MAX`. A forced release therefore never frees a block a
+//! WRITE may still land in — and if the tracker forced it earlier, the model would say so.
+
+use kvdrain::Millis;
+
+/// Client requests arrive every 0..=`ARRIVAL_GAP` ms (bursts aside).
+pub const ARRIVAL_GAP: Millis = 2;
+/// Requests in one burst.
+pub const BURST: (u64, u64) = (120, 260);
+/// `PUSH_REG` from decode to a producer rank.
+pub const REG_LATENCY: Millis = 3;
+/// Prefill before a producer rank posts its first WRITE.
+pub const PREFILL: (Millis, Millis) = (0, 20);
+/// Prefill of a slow producer, so that its lease ends mid-push.
+pub const SLOW_PREFILL: (Millis, Millis) = (150, 260);
+/// Between two posts of one producer rank.
+pub const POST_GAP: Millis = 3;
+/// A WRITE is terminal 1..=`WRITE_MAX` ms after it was posted.
+pub const WRITE_MAX: Millis = 40;
+/// A notification's flight.
+pub const NOTIFY_LATENCY: Millis = 3;
+/// Extra delay of a reordered notification.
+pub const REORDER: (Millis, Millis) = (5, 40);
+/// A duplicate's delay after the original.
+pub const DUPLICATE: (Millis, Millis) = (1, 60);
+/// The producer's hold on a request (no heartbeats in the simulation: the lease is not
+/// renewed).
+pub const LEASE: Millis = 200;
+/// How long a producer remembers a request that ended there, refusing late posts (F4;
+/// vLLM keeps retired ids 300 s).
+pub const PRODUCER_TOMBSTONE: Millis = 300;
+/// The consumer's default deadline.
+pub const DEADLINE: Millis = 1_000;
+/// A short deadline that falls mid-push.
+pub const SHORT_DEADLINE: (Millis, Millis) = (5, 40);
+/// The consumer's quarantine.
+pub const QUARANTINE: Millis = 600;
+/// When a consumer abort comes, after the arrival.
+pub const ABORT_AFTER: (Millis, Millis) = (0, 60);
+/// When a producer abort comes, after the arrival.
+pub const PRODUCER_ABORT_AFTER: (Millis, Millis) = (0, 40);
+/// From a producer's death to the fence.
+pub const FENCE_AFTER: (Millis, Millis) = (1, 20);
+/// From an unfenced death to the replacement agent being known.
+pub const REDISCOVER_AFTER: Millis = 20;
+/// Decoding a completed request before its blocks go back.
+pub const DECODE: (Millis, Millis) = (5, 50);
+
+const _: () = assert!(QUARANTINE > REG_LATENCY + LEASE + WRITE_MAX);
