@@ -22,27 +22,39 @@ const LISTED: u32 = u32::MAX - 1;
 pub(crate) struct Timers<const N: usize> {
     heap: [u32; N],
     len: usize,
-    /// Position of each slot in `heap`, `LISTED`, or `NONE`.
-    pos: [u32; N],
-    due: [Millis; N],
-    order: [u64; N],
-    /// FIFO list links by slot (`NONE` at the ends), sorted by `(due, order)`.
-    next: [u32; N],
-    prev: [u32; N],
+    /// Per slot, everything about its timer in one place (one cache line to touch).
+    timer: [Timer; N],
+    /// Ends of the FIFO list (`NONE` when empty).
     head: u32,
     tail: u32,
 }
+
+/// One slot's timer.
+#[derive(Clone, Copy, Debug)]
+struct Timer {
+    due: Millis,
+    order: u64,
+    /// Position in `heap`, `LISTED`, or `NONE`.
+    pos: u32,
+    /// FIFO list links (`NONE` at the ends); the list is sorted by `(due, order)`.
+    next: u32,
+    prev: u32,
+}
+
+const UNARMED: Timer = Timer {
+    due: 0,
+    order: 0,
+    pos: NONE,
+    next: NONE,
+    prev: NONE,
+};
 
 impl<const N: usize> Timers<N> {
     pub(crate) fn new() -> Self {
         Timers {
             heap: [0; N],
             len: 0,
-            pos: [NONE; N],
-            due: [0; N],
-            order: [0; N],
-            next: [NONE; N],
-            prev: [NONE; N],
+            timer: [UNARMED; N],
             head: NONE,
             tail: NONE,
         }
@@ -50,12 +62,12 @@ impl<const N: usize> Timers<N> {
 
     fn less(&self, a: u32, b: u32) -> bool {
         let (a, b) = (a as usize, b as usize);
-        (self.due[a], self.order[a]) < (self.due[b], self.order[b])
+        (self.timer[a].due, self.timer[a].order) < (self.timer[b].due, self.timer[b].order)
     }
 
     fn place(&mut self, at: usize, slot: u32) {
         self.heap[at] = slot;
-        self.pos[slot as usize] = at as u32;
+        self.timer[slot as usize].pos = at as u32;
     }
 
     fn sift_up(&mut self, mut at: usize) {
@@ -96,20 +108,20 @@ impl<const N: usize> Timers<N> {
     /// Arms (or moves) `slot`'s timer to fire at `due`; `order` breaks ties.
     pub(crate) fn set(&mut self, slot: u32, due: Millis, order: u64) {
         let s = slot as usize;
-        if self.pos[s] == LISTED {
+        if self.timer[s].pos == LISTED {
             self.unlink(slot);
         }
-        self.due[s] = due;
-        self.order[s] = order;
-        if self.pos[s] == NONE {
+        self.timer[s].due = due;
+        self.timer[s].order = order;
+        if self.timer[s].pos == NONE {
             let at = self.len;
             self.len += 1;
             self.place(at, slot);
             self.sift_up(at);
         } else {
-            let at = self.pos[s] as usize;
+            let at = self.timer[s].pos as usize;
             self.sift_up(at);
-            self.sift_down(self.pos[s] as usize);
+            self.sift_down(self.timer[s].pos as usize);
         }
     }
 
@@ -118,20 +130,23 @@ impl<const N: usize> Timers<N> {
     /// with a clock that never goes back and increasing `order`).
     pub(crate) fn push_back(&mut self, slot: u32, due: Millis, order: u64) {
         let s = slot as usize;
-        debug_assert_eq!(self.pos[s], NONE, "slot already has a timer");
+        debug_assert_eq!(self.timer[s].pos, NONE, "slot already has a timer");
         debug_assert!(
             self.tail == NONE
-                || (self.due[self.tail as usize], self.order[self.tail as usize]) <= (due, order),
+                || (
+                    self.timer[self.tail as usize].due,
+                    self.timer[self.tail as usize].order
+                ) <= (due, order),
             "FIFO timers must be appended in (due, order) order"
         );
-        self.due[s] = due;
-        self.order[s] = order;
-        self.pos[s] = LISTED;
-        self.prev[s] = self.tail;
-        self.next[s] = NONE;
+        self.timer[s].due = due;
+        self.timer[s].order = order;
+        self.timer[s].pos = LISTED;
+        self.timer[s].prev = self.tail;
+        self.timer[s].next = NONE;
         match self.tail {
             NONE => self.head = slot,
-            tail => self.next[tail as usize] = slot,
+            tail => self.timer[tail as usize].next = slot,
         }
         self.tail = slot;
     }
@@ -139,21 +154,21 @@ impl<const N: usize> Timers<N> {
     /// Takes `slot` (listed) out of the FIFO list.
     fn unlink(&mut self, slot: u32) {
         let s = slot as usize;
-        let (prev, next) = (self.prev[s], self.next[s]);
+        let (prev, next) = (self.timer[s].prev, self.timer[s].next);
         match prev {
             NONE => self.head = next,
-            p => self.next[p as usize] = next,
+            p => self.timer[p as usize].next = next,
         }
         match next {
             NONE => self.tail = prev,
-            n => self.prev[n as usize] = prev,
+            n => self.timer[n as usize].prev = prev,
         }
-        self.pos[s] = NONE;
+        self.timer[s].pos = NONE;
     }
 
     /// Disarms `slot`'s timer if it has one.
     pub(crate) fn cancel(&mut self, slot: u32) {
-        let at = self.pos[slot as usize];
+        let at = self.timer[slot as usize].pos;
         if at == NONE {
             return;
         }
@@ -161,7 +176,7 @@ impl<const N: usize> Timers<N> {
             self.unlink(slot);
             return;
         }
-        self.pos[slot as usize] = NONE;
+        self.timer[slot as usize].pos = NONE;
         self.len -= 1;
         let at = at as usize;
         if at == self.len {
@@ -170,7 +185,7 @@ impl<const N: usize> Timers<N> {
         let last = self.heap[self.len];
         self.place(at, last);
         self.sift_up(at);
-        self.sift_down(self.pos[last as usize] as usize);
+        self.sift_down(self.timer[last as usize].pos as usize);
     }
 
     /// The slot whose timer fires first: the heap's top or the list's head.
@@ -186,7 +201,7 @@ impl<const N: usize> Timers<N> {
     /// Removes and returns a slot whose timer is due at `now`, earliest first.
     pub(crate) fn pop_due(&mut self, now: Millis) -> Option<u32> {
         let first = self.first()?;
-        if self.due[first as usize] > now {
+        if self.timer[first as usize].due > now {
             return None;
         }
         self.cancel(first);
@@ -195,7 +210,7 @@ impl<const N: usize> Timers<N> {
 
     /// When the next timer fires, if any.
     pub(crate) fn next_due(&self) -> Option<Millis> {
-        self.first().map(|s| self.due[s as usize])
+        self.first().map(|s| self.timer[s as usize].due)
     }
 }
 
