@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
 
-use super::ingest::{self, Mode, Pass, Shape, Workload};
+use super::ingest::{self, Inputs, Mode, Pass, Shape};
 use super::stream::{self, Params};
 use super::{Failure, Flags, Num, Spread, alloc, on_big_stack, stack_for};
 
@@ -95,14 +95,8 @@ pub fn main(mut flags: Flags) -> Result<(), Failure> {
     flags.finish()?;
     let shape = Shape::for_run(params.inflight, params.edges, mode)?;
     let counting = alloc::counting();
-    let stream = stream::generate(&params);
-    let ids: Vec<String> = (0..params.inflight).map(stream::request_id).collect();
-    let w = Workload {
-        params: &params,
-        mode,
-        stream: &stream,
-        ids: &ids,
-    };
+    let inputs = Inputs::generate(&params);
+    let w = inputs.workload(&params, mode);
 
     // Same bytes as the Python generator?
     let checked = if let Some(py) = &python {

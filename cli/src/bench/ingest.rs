@@ -61,6 +61,35 @@ pub struct Workload<'a> {
     pub ids: &'a [String],
 }
 
+/// The prepared messages and ids of one run, generated once and shared by every pass.
+#[derive(Debug)]
+pub struct Inputs {
+    /// The messages.
+    pub stream: Stream,
+    /// `ids[i]` is request `i`'s id.
+    pub ids: Vec<String>,
+}
+
+impl Inputs {
+    /// Generates the stream and the ids for `params`.
+    pub fn generate(params: &Params) -> Self {
+        Inputs {
+            stream: stream::generate(params),
+            ids: (0..params.inflight).map(stream::request_id).collect(),
+        }
+    }
+
+    /// The workload of these inputs in `mode`.
+    pub fn workload<'a>(&'a self, params: &'a Params, mode: Mode) -> Workload<'a> {
+        Workload {
+            params,
+            mode,
+            stream: &self.stream,
+            ids: &self.ids,
+        }
+    }
+}
+
 /// What one timed pass saw.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Pass {
@@ -406,14 +435,8 @@ pub fn main(mut flags: Flags) -> Result<(), Failure> {
     flags.finish()?;
     let shape = Shape::for_run(params.inflight, params.edges, mode)?;
     let counting = alloc::counting();
-    let stream = stream::generate(&params);
-    let ids: Vec<String> = (0..params.inflight).map(stream::request_id).collect();
-    let w = Workload {
-        params: &params,
-        mode,
-        stream: &stream,
-        ids: &ids,
-    };
+    let inputs = Inputs::generate(&params);
+    let w = inputs.workload(&params, mode);
     let passes = on_big_stack(stack_for(shape.bytes), || {
         (0..reps).map(|_| shape.pass(&w)).collect::<Vec<_>>()
     })?;
@@ -435,14 +458,8 @@ pub fn floor_main(mut flags: Flags) -> Result<(), Failure> {
     let reps = flags.count("reps", Some(11))?;
     flags.finish()?;
     let counting = alloc::counting();
-    let stream = stream::generate(&params);
-    let ids: Vec<String> = (0..params.inflight).map(stream::request_id).collect();
-    let w = Workload {
-        params: &params,
-        mode: Mode::Counting,
-        stream: &stream,
-        ids: &ids,
-    };
+    let inputs = Inputs::generate(&params);
+    let w = inputs.workload(&params, Mode::Counting);
     let passes: Vec<Pass> = (0..reps).map(|_| floor_pass(&w)).collect();
     let mut out = String::new();
     json_line(&mut out, "rust-floor", &w, &passes, counting);
@@ -476,14 +493,8 @@ mod tests {
             fail_share,
             seed: 3,
         };
-        let stream = stream::generate(&params);
-        let ids: Vec<String> = (0..inflight).map(stream::request_id).collect();
-        let w = Workload {
-            params: &params,
-            mode,
-            stream: &stream,
-            ids: &ids,
-        };
+        let inputs = Inputs::generate(&params);
+        let w = inputs.workload(&params, mode);
         let shape = Shape::for_run(inflight, edges, mode).expect("valid shape");
         let passes = on_big_stack(stack_for(shape.bytes), || vec![shape.pass(&w)])
             .unwrap_or_else(|_| panic!("bench thread"));

@@ -7,8 +7,8 @@
 
 use std::fmt::Write as _;
 
-use super::ingest::{self, Mode, Shape, Workload};
-use super::stream::{self, DEFAULT_SEED, Params};
+use super::ingest::{self, Inputs, Mode, Shape};
+use super::stream::{DEFAULT_SEED, Params};
 use super::{Failure, Flags, Num, Spread, alloc, on_big_stack, stack_for};
 
 fn parse_list(text: &str) -> Result<Vec<usize>, Failure> {
@@ -80,14 +80,8 @@ pub fn main(mut flags: Flags) -> Result<(), Failure> {
                 seed,
             };
             let shape = Shape::for_run(inflight, edges, mode)?;
-            let stream = stream::generate(&params);
-            let ids: Vec<String> = (0..inflight).map(stream::request_id).collect();
-            let w = Workload {
-                params: &params,
-                mode,
-                stream: &stream,
-                ids: &ids,
-            };
+            let inputs = Inputs::generate(&params);
+            let w = inputs.workload(&params, mode);
             // The floor, interleaved, so the summary can say how much of the growth
             // with R any hash-table counter pays (caches), and how much is kvdrain's.
             let (passes, floor) = on_big_stack(stack_for(shape.bytes), || {
