@@ -5,14 +5,14 @@ CARGO ?= cargo
 LOOM_TARGET := target/loom
 FUZZ_SECONDS ?= 20
 
-.PHONY: demo test setup setup-nixl setup-tools check fmt clippy doc unit nostd loom miri fuzz-smoke sim bench replay
+.PHONY: demo test setup setup-nixl setup-tools check fmt clippy doc unit release-suites nostd loom miri fuzz-smoke replay
 
 ## The main job: P(TP=2) -> D(TP=1) over real NIXL in one process.
 demo: setup-nixl
 	$(CARGO) run --release -p kvdrain-cli --features nixl -- demo $(DEMO_ARGS)
 
 ## Every test and check CI runs.
-test: setup check unit nostd loom miri fuzz-smoke
+test: setup check unit release-suites nostd loom miri fuzz-smoke
 	@echo "make test: all suites passed"
 
 setup: setup-nixl setup-tools
@@ -37,6 +37,11 @@ doc:
 ## Unit, grid, trace, scenario, simulation, real-NIXL integration tests.
 unit:
 	$(CARGO) test --workspace --all-features
+
+## At full size, in release: the two-thread stress test (millions of notices) and the
+## simulation at 10^5 requests per topology with every fault class firing.
+release-suites:
+	$(CARGO) test --release -p kvdrain-tests --test stress --test sim -- --include-ignored
 
 ## The core is no_std without alloc: it builds for a Cortex-M4F, with and without defmt.
 nostd:
