@@ -184,38 +184,51 @@ struct Replay<'o> {
 fn run<const N: usize>(
     config: Config,
     first: (usize, Line<'_>),
-    mut lines: Lines<'_>,
+    lines: Lines<'_>,
     out: &mut (dyn Write + Send),
 ) -> Result<(), ReplayError> {
+    let bytes = std::mem::size_of::<Ledger<N, MAX_EDGES>>();
+    // The fuzzer calls this millions of times on its (8 MiB) main thread: skip the thread
+    // while the ledger is small enough to build there.
+    if cfg!(fuzzing) && bytes < (2 << 20) {
+        return drive::<N>(config, first, lines, out);
+    }
     // The ledger is large and inline; build it on a thread with room for it.
     std::thread::scope(|scope| {
         std::thread::Builder::new()
             .name("kvdrain-replay".into())
-            .stack_size(std::mem::size_of::<Ledger<N, MAX_EDGES>>() * 4 + (8 << 20))
-            .spawn_scoped(scope, move || {
-                let mut ledger = Ledger::<N, MAX_EDGES>::new(config);
-                let mut r = Replay {
-                    now: 0,
-                    agents: HashMap::new(),
-                    requests: HashMap::new(),
-                    out,
-                    buf: String::new(),
-                };
-                let mut next = Some((first.0, Ok(first.1)));
-                while let Some((n, line)) = next {
-                    let line = line.map_err(|why| trace_error(n, why))?;
-                    r.command(&mut ledger, &line).map_err(|e| match e {
-                        Step::Trace(why) => trace_error(n, why),
-                        Step::Io(e) => ReplayError::Io(e),
-                    })?;
-                    next = lines.next();
-                }
-                Ok(())
-            })
+            .stack_size(bytes * 4 + (8 << 20))
+            .spawn_scoped(scope, move || drive::<N>(config, first, lines, out))
             .map_err(ReplayError::Io)?
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     })
+}
+
+fn drive<const N: usize>(
+    config: Config,
+    first: (usize, Line<'_>),
+    mut lines: Lines<'_>,
+    out: &mut (dyn Write + Send),
+) -> Result<(), ReplayError> {
+    let mut ledger = Ledger::<N, MAX_EDGES>::new(config);
+    let mut r = Replay {
+        now: 0,
+        agents: HashMap::new(),
+        requests: HashMap::new(),
+        out,
+        buf: String::new(),
+    };
+    let mut next = Some((first.0, Ok(first.1)));
+    while let Some((n, line)) = next {
+        let line = line.map_err(|why| trace_error(n, why))?;
+        r.command(&mut ledger, &line).map_err(|e| match e {
+            Step::Trace(why) => trace_error(n, why),
+            Step::Io(e) => ReplayError::Io(e),
+        })?;
+        next = lines.next();
+    }
+    Ok(())
 }
 
 enum Step {
