@@ -57,23 +57,10 @@ pub fn run_until(
     e: &mut Engines,
     limit: Duration,
     what: &str,
-    mut done: impl FnMut(&Testbed, &Engines) -> bool,
+    done: impl FnMut(&Testbed, &Engines) -> bool,
 ) {
-    let start = Instant::now();
-    while !done(tb, e) {
-        assert!(
-            start.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}; D events {:?}, P events {:?}, D counters {:?}",
-            e.d.events,
-            e.p.iter().map(|p| &p.events).collect::<Vec<_>>(),
-            tb.d.consumer.core_counters()
-        );
-        for r in 0..tb.p.pushers.len() {
-            tick_p(tb, e, r);
-        }
-        tick_d(tb, e);
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    let ranks: Vec<usize> = (0..tb.p.pushers.len()).collect();
+    run_only(tb, e, &ranks, limit, what, done);
 }
 
 /// Ticks only D (and the given producers) until `done`.
@@ -89,8 +76,10 @@ pub fn run_only(
     while !done(tb, e) {
         assert!(
             start.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}; D events {:?}",
-            e.d.events
+            "timed out after {limit:?} waiting for {what}; D events {:?}, P events {:?}, D counters {:?}",
+            e.d.events,
+            e.p.iter().map(|p| &p.events).collect::<Vec<_>>(),
+            tb.d.consumer.core_counters()
         );
         for &r in ranks {
             tick_p(tb, e, r);
