@@ -35,7 +35,7 @@ use nixl_sys::NixlError;
 
 use crate::agent::{AgentError, UcxAgent};
 use crate::directory::{AgentDirectory, DirectoryFull};
-use crate::metrics::{self, Latency, Metric};
+use crate::metrics::Latency;
 use crate::registration::PushRegistration;
 
 /// The engine's side of the decisions: where blocks go.
@@ -509,62 +509,6 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
     /// Notification → decision latency of every decided notice.
     pub fn latency(&mut self) -> &mut Latency {
         &mut self.latency
-    }
-
-    /// Every metric of this rank.
-    pub fn metrics(&mut self) -> Vec<Metric> {
-        let c = self.counters;
-        const SENT: &str = "kvdrain:nixl_num_sent_notifications";
-        const SENT_HELP: &str = "Notifications D sent to producers, by kind";
-        const FAILED: &str = "kvdrain:nixl_num_failed_notifications";
-        const FAILED_HELP: &str = "Notifications D could not send, by kind";
-        let glue = [
-            (SENT, SENT_HELP, ("kind", "push_reg"), c.registrations_sent),
-            (SENT, SENT_HELP, ("kind", "heartbeat"), c.heartbeats_sent),
-            (
-                FAILED,
-                FAILED_HELP,
-                ("kind", "push_reg"),
-                c.registrations_failed,
-            ),
-            (
-                FAILED,
-                FAILED_HELP,
-                ("kind", "heartbeat"),
-                c.heartbeats_failed,
-            ),
-        ];
-        let mut out = metrics::core_metrics(&self.ledger.counters());
-        out.extend(glue.into_iter().map(|(name, help, label, v)| Metric {
-            name,
-            help,
-            label: Some(label),
-            value: v as f64,
-        }));
-        for (name, help, v) in [
-            (
-                "kvdrain:nixl_num_producer_disconnects",
-                "Producer agents found disconnected and fenced",
-                c.disconnects,
-            ),
-            (
-                "kvdrain:nixl_num_notifications_from_strangers",
-                "Notifications from agents never introduced",
-                c.from_strangers,
-            ),
-        ] {
-            out.push(Metric {
-                name,
-                help,
-                label: None,
-                value: v as f64,
-            });
-        }
-        out.extend(self.latency.metrics(
-            "kvdrain:nixl_notif_to_decision_seconds",
-            "Time from draining the deciding notification to handing its decision to the engine",
-        ));
-        out
     }
 
     fn deliver(&mut self, d: Decision, release: &mut impl BlockRelease) {

@@ -32,7 +32,6 @@ use nixl_sys::{MemType, NixlError, OptArgs, XferDescList, XferOp, XferRequest, X
 use crate::agent::{AgentError, UcxAgent};
 use crate::descriptors::{self, Span};
 use crate::handshake::Handshake;
-use crate::metrics::Metric;
 use crate::pool::BlockLayout;
 use crate::registration::PushRegistration;
 
@@ -238,117 +237,6 @@ impl Pusher {
     /// Counters.
     pub fn counters(&self) -> ProducerCounters {
         self.counters
-    }
-
-    /// The counters as metrics (names modelled on vLLM's; post failures, failures after
-    /// posting and handshake failures kept apart).
-    pub fn metrics(&self) -> Vec<Metric> {
-        let c = &self.counters;
-        const REG: &str = "kvdrain:nixl_num_registrations";
-        const REG_HELP: &str = "PUSH_REG received by this producer rank, by outcome";
-        const FAILED: &str = "kvdrain:nixl_num_failed_transfers";
-        const FAILED_HELP: &str = "Writes that did not land, by cause";
-        const NOTICE: &str = "kvdrain:nixl_num_failure_notices";
-        const NOTICE_HELP: &str = "PUSH_FAIL owed by this producer rank, by outcome";
-        let m = |name, help, label, value: u64| Metric {
-            name,
-            help,
-            label,
-            value: value as f64,
-        };
-        vec![
-            m(REG, REG_HELP, Some(("outcome", "decoded")), c.registrations),
-            m(
-                REG,
-                REG_HELP,
-                Some(("outcome", "malformed")),
-                c.registrations_malformed,
-            ),
-            m(
-                REG,
-                REG_HELP,
-                Some(("outcome", "duplicate")),
-                c.registrations_duplicate,
-            ),
-            m(
-                REG,
-                REG_HELP,
-                Some(("outcome", "dropped")),
-                c.registrations_dropped,
-            ),
-            m(
-                REG,
-                REG_HELP,
-                Some(("outcome", "retired")),
-                c.registrations_retired,
-            ),
-            m(
-                "kvdrain:nixl_num_heartbeats",
-                "Heartbeat ids passed to the engine",
-                None,
-                c.heartbeats,
-            ),
-            m(
-                "kvdrain:nixl_num_posted_writes",
-                "Writes posted",
-                None,
-                c.posted,
-            ),
-            m(
-                "kvdrain:nixl_num_landed_writes",
-                "Writes that landed",
-                None,
-                c.landed,
-            ),
-            m(
-                FAILED,
-                FAILED_HELP,
-                Some(("cause", "post")),
-                c.post_failures,
-            ),
-            m(
-                FAILED,
-                FAILED_HELP,
-                Some(("cause", "after_post")),
-                c.failed_after_post,
-            ),
-            m(
-                FAILED,
-                FAILED_HELP,
-                Some(("cause", "handshake")),
-                c.handshake_failures,
-            ),
-            m(
-                NOTICE,
-                NOTICE_HELP,
-                Some(("outcome", "sent")),
-                c.notices_sent,
-            ),
-            m(
-                NOTICE,
-                NOTICE_HELP,
-                Some(("outcome", "unsendable")),
-                c.notices_unsendable,
-            ),
-            m(
-                "kvdrain:nixl_num_released_sources",
-                "Requests whose source blocks were handed back",
-                None,
-                c.released,
-            ),
-            m(
-                "kvdrain:nixl_num_unplannable_registrations",
-                "Registrations whose topology could not be planned",
-                None,
-                c.unplannable,
-            ),
-            m(
-                "kvdrain:nixl_num_ignored_notifications",
-                "Notifications a producer does not act on",
-                None,
-                c.ignored,
-            ),
-        ]
     }
 
     /// Requests offered or being pushed (not yet released and noticed).
