@@ -23,6 +23,7 @@ is a terminal.
 
 Example:
   kvdrain demo --requests 20000 --fail-rate 0.02 --metrics
+  kvdrain demo --requests 200 --log=debug
   make demo DEMO_ARGS='--requests 20000'")]
 pub struct DemoArgs {
     #[command(flatten)]
@@ -31,6 +32,10 @@ pub struct DemoArgs {
     /// Print the metrics (OpenMetrics text) after the summary.
     #[arg(long)]
     pub metrics: bool,
+    /// Print the NIXL glue's tracing events on stderr, filtered by FILTER (tracing-subscriber
+    /// env-filter syntax, e.g. `debug` for a span per request, `kvdrain_nixl=warn`).
+    #[arg(long, value_name = "FILTER", num_args = 0..=1, require_equals = true, default_missing_value = "warn")]
+    pub log: Option<String>,
 }
 
 /// Demo settings.
@@ -144,6 +149,18 @@ pub fn pattern(n: u64, rank: u16, index: usize, len: usize) -> Vec<u8> {
 /// `kvdrain demo` entry point: 0 if every request ended and every completed request held
 /// its bytes, 1 otherwise.
 pub fn main(args: &DemoArgs) -> ExitCode {
+    if let Some(filter) = &args.log {
+        match tracing_subscriber::EnvFilter::try_new(filter) {
+            Ok(filter) => tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .init(),
+            Err(e) => {
+                eprintln!("kvdrain demo: --log={filter}: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     let summary = run(&args.options);
     print!("{summary}");
     if args.metrics {

@@ -316,7 +316,10 @@ impl Pusher {
         match wire::parse(bytes) {
             Ok(Message::Registration(payload)) => match PushRegistration::from_msgpack(payload) {
                 Ok(reg) => self.on_registration(reg),
-                Err(_) => self.counters.registrations_malformed += 1,
+                Err(e) => {
+                    tracing::warn!(cause = "malformed_registration", error = %e, "PUSH_REG dropped");
+                    self.counters.registrations_malformed += 1;
+                }
             },
             Ok(Message::Heartbeat(hb)) => {
                 for id in hb.ids() {
@@ -344,6 +347,7 @@ impl Pusher {
         } else if self.stash.contains_key(&key) {
             self.counters.registrations_duplicate += 1;
         } else if self.stash.len() >= Self::STASH_CAPACITY {
+            tracing::warn!(req = %key, cause = "stash_full", "PUSH_REG dropped");
             self.counters.registrations_dropped += 1;
         } else {
             self.stash.insert(key, reg);
@@ -361,11 +365,17 @@ impl Pusher {
         report: &mut TickReport,
     ) {
         let key = registration.pairing_key().to_owned();
+        let _span = tracing::debug_span!("push", req = %key).entered();
+        tracing::debug!(retired = source.is_none(), "registration paired");
         let topology = self.topology(&registration);
         let Ok(mut plan) = PushPlan::new(&topology, self.config.pp_stage, self.config.tp_rank)
         else {
             // No edge can be named, so no notice can be owed (invariant 3); nothing was
             // posted, so the blocks go back now.
+            tracing::warn!(
+                cause = "unplannable",
+                "registration's topology cannot be planned"
+            );
             self.counters.unplannable += 1;
             if source.is_some() {
                 self.counters.released += 1;
@@ -405,6 +415,7 @@ impl Pusher {
                             report.finished += 1;
                         }
                         Err(()) => {
+                            tracing::warn!(d_rank = d, cause = "post", "write not posted");
                             self.counters.post_failures += 1;
                             let _ = plan.post_failed(d);
                         }
@@ -437,6 +448,7 @@ impl Pusher {
             ..
         }) = self.peer(handshake, engine, d)
         else {
+            tracing::warn!(engine, d_rank = d, cause = "handshake", "handshake failed");
             self.counters.handshake_failures += 1;
             return Err(());
         };
@@ -517,6 +529,7 @@ impl Pusher {
         blocks: &mut impl SourceBlocks,
         report: &mut TickReport,
     ) {
+        let _span = tracing::debug_span!("push", req = key).entered();
         let engine = push.registration.decode_engine_id.clone();
         let agent = self.agent.agent();
         push.xfers
@@ -529,6 +542,7 @@ impl Pusher {
                     false
                 }
                 Err(e) => {
+                    tracing::warn!(d_rank = *d, cause = "after_post", error = %e, "write failed");
                     let _ = push.plan.failed(*d);
                     self.counters.failed_after_post += 1;
                     report.finished += 1;
@@ -543,15 +557,22 @@ impl Pusher {
         for d in owed {
             if self.notify_failure(handshake, &push.registration, d) {
                 let _ = push.plan.noticed(d);
+                tracing::debug!(d_rank = d, "PUSH_FAIL sent");
                 self.counters.notices_sent += 1;
                 report.notices += 1;
             } else {
                 let _ = push.plan.unreachable(d);
+                tracing::warn!(
+                    d_rank = d,
+                    cause = "notice_unsendable",
+                    "PUSH_FAIL could not be sent"
+                );
                 self.counters.notices_unsendable += 1;
             }
         }
         if push.plan.is_terminal() && !push.released {
             push.released = true;
+            tracing::debug!("source blocks released");
             self.counters.released += 1;
             report.released += 1;
             blocks.release(key);

@@ -1,6 +1,8 @@
-//! `kvdrain demo --metrics` over real NIXL: the exposition after the summary is OpenMetrics
-//! text (prometheus-client's): every family declared once with its type and help, samples
-//! that parse, `# EOF` last. Skipped (with a note) where the NIXL runtime is missing.
+//! `kvdrain demo --metrics` and `--log` over real NIXL: the exposition after the summary is
+//! OpenMetrics text (prometheus-client's): every family declared once with its type and
+//! help, samples that parse, `# EOF` last; `--log` prints the glue's tracing events on
+//! stderr, a `warn` per failure with its cause. Skipped (with a note) where the NIXL
+//! runtime is missing.
 #![cfg(feature = "nixl")]
 
 use std::collections::BTreeMap;
@@ -47,27 +49,61 @@ fn samples(exposition: &str) -> BTreeMap<String, f64> {
     out
 }
 
-#[test]
-fn demo_metrics_are_openmetrics_with_every_family() {
+/// Runs a 200-request demo with `extra` flags: (stdout, stderr), or `None` (with a note)
+/// when it fell back to the in-process transport.
+fn demo(extra: &[&str]) -> Option<(String, String)> {
     let out = Command::new(env!("CARGO_BIN_EXE_kvdrain"))
-        .args([
-            "demo",
-            "--requests",
-            "200",
-            "--block-size",
-            "4096",
-            "--fail-rate",
-            "0.05",
-        ])
-        .arg("--metrics")
+        .args(["demo", "--requests", "200", "--block-size", "4096"])
+        .args(["--fail-rate", "0.05"])
+        .args(extra)
         .output()
         .expect("run kvdrain demo");
     let stdout = String::from_utf8(out.stdout).expect("UTF-8");
-    assert_eq!(out.status.code(), Some(0), "{stdout}");
-    if !stdout.contains("NIXL") || stdout.contains("no NIXL") {
-        eprintln!("skipped: the NIXL runtime is not available here\n{stdout}");
-        return;
+    let stderr = String::from_utf8(out.stderr).expect("UTF-8");
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    if stderr.contains("NIXL not used") {
+        eprintln!("skipped: the NIXL runtime is not available here\n{stderr}");
+        return None;
     }
+    Some((stdout, stderr))
+}
+
+#[test]
+fn demo_log_prints_a_warning_per_failure_with_its_cause() {
+    let Some((stdout, quiet)) = demo(&[]) else {
+        return;
+    };
+    assert!(!quiet.contains("WARN"), "no events without --log: {quiet}");
+    assert!(!stdout.contains("WARN"));
+    let Some((_, log)) = demo(&["--log"]) else {
+        return;
+    };
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ")).collect();
+    let posts = warnings
+        .iter()
+        .filter(|l| l.contains("cause=\"post\""))
+        .count();
+    let failed = warnings
+        .iter()
+        .filter(|l| l.contains("cause=\"transfer\""))
+        .count();
+    assert!(posts > 0 && failed > 0, "{log}");
+    assert!(!log.contains("DEBUG"), "--log defaults to warn: {log}");
+    let Some((_, debug)) = demo(&["--log=kvdrain_nixl=debug"]) else {
+        return;
+    };
+    assert!(
+        debug.contains("push{req="),
+        "a span per pushed request: {debug}"
+    );
+    assert!(debug.contains("register{req="), "a span per registration");
+}
+
+#[test]
+fn demo_metrics_are_openmetrics_with_every_family() {
+    let Some((stdout, _)) = demo(&["--metrics"]) else {
+        return;
+    };
     let start = stdout
         .find("# HELP")
         .expect("an exposition after the summary");
