@@ -13,7 +13,8 @@
 //! Every command prints JSON lines. The message stream ([`stream`]) is byte-identical to
 //! the one `bench/vllm_baseline.py` generates; messages are prepared before timing; each
 //! repetition starts from a fresh table and times one pass over all of them; figures are
-//! medians over `--reps` with the quartiles and extremes next to them.
+//! medians over `--reps` with the quartiles and extremes next to them (nearest rank, read
+//! from an HDR histogram: [`Spread::of`]).
 
 pub mod alloc;
 pub mod args;
@@ -28,6 +29,8 @@ mod sweep;
 mod tick;
 
 use std::process::ExitCode;
+
+use hdrhistogram::Histogram;
 
 pub use args::BenchCommand;
 pub use ingest::Mode;
@@ -82,22 +85,34 @@ pub struct Spread {
 }
 
 impl Spread {
-    /// Summarises `samples` (at least one).
+    /// Summarises `samples` (at least one) through an HDR histogram: nearest-rank
+    /// quantiles (an even count's median is the lower middle sample), exact to five
+    /// significant digits of the figures' hundredths. Any sample that is not finite (no
+    /// thread clock) makes every figure `NaN`, printed `null`.
     pub fn of(samples: &[f64]) -> Spread {
-        let mut s = samples.to_vec();
-        s.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            // Linear interpolation between closest ranks.
-            let pos = q * (s.len() - 1) as f64;
-            let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-            s[lo] + (s[hi] - s[lo]) * (pos - lo as f64)
+        let unknown = Spread {
+            min: f64::NAN,
+            q1: f64::NAN,
+            median: f64::NAN,
+            q3: f64::NAN,
+            max: f64::NAN,
         };
+        if samples.is_empty() || samples.iter().any(|s| !s.is_finite()) {
+            return unknown;
+        }
+        let Ok(mut h) = Histogram::<u64>::new(5) else {
+            return unknown;
+        };
+        for &s in samples {
+            h.saturating_record((s.max(0.0) * 100.0).round() as u64);
+        }
+        let at = |q: f64| h.value_at_quantile(q) as f64 / 100.0;
         Spread {
-            min: s[0],
+            min: h.min() as f64 / 100.0,
             q1: at(0.25),
             median: at(0.5),
             q3: at(0.75),
-            max: s[s.len() - 1],
+            max: h.max() as f64 / 100.0,
         }
     }
 
@@ -205,12 +220,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn spread_interpolates_quartiles() {
+    fn spread_takes_nearest_ranks_from_the_histogram() {
         let s = Spread::of(&[5.0, 1.0, 3.0, 2.0, 4.0]);
         assert_eq!(
             (s.min, s.q1, s.median, s.q3, s.max),
             (1.0, 2.0, 3.0, 4.0, 5.0)
         );
-        assert_eq!(Spread::of(&[1.0, 2.0]).median, 1.5);
+        assert_eq!(Spread::of(&[1.0, 2.0]).median, 1.0);
+        let s = Spread::of(&[1138.71, 44.32, 8.01]);
+        assert_eq!((s.min, s.median, s.max), (8.01, 44.32, 1138.71));
+        assert!(Spread::of(&[1.0, f64::NAN]).median.is_nan());
     }
 }
