@@ -17,18 +17,21 @@ pub fn target() -> ProgressDrawTarget {
 }
 
 /// A bar counting up to `total` `unit`s (hidden when standard error is not a terminal).
+///
+/// It redraws only when the caller moves it, on the caller's thread: no ticker thread
+/// allocates behind a benchmark's timed loop (the allocation count spans every thread), so
+/// move it between timed sections only.
 pub fn bar(total: u64, unit: &str) -> ProgressBar {
     let style = ProgressStyle::with_template(&format!(
         "[{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} {unit} ({{percent}}%, eta {{eta}})"
     ))
     .unwrap_or_else(|_| ProgressStyle::default_bar());
-    let bar = ProgressBar::with_draw_target(Some(total), target()).with_style(style);
-    bar.enable_steady_tick(Duration::from_millis(200));
-    bar
+    ProgressBar::with_draw_target(Some(total), target()).with_style(style)
 }
 
 /// A spinner with a message and the elapsed time, for runs whose progress the caller
-/// cannot count (hidden when standard error is not a terminal).
+/// cannot count (hidden when standard error is not a terminal). A ticker thread redraws it:
+/// not for timed sections.
 pub fn spinner(message: String) -> ProgressBar {
     let style = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}")
         .unwrap_or_else(|_| ProgressStyle::default_spinner());

@@ -59,7 +59,8 @@ Example:
   kvdrain replay tests/traces/story_mixed_node.trace
   printf 'register r1 expect=1\\nnotify p0 r1:1\\n' | kvdrain replay -")]
 pub struct ReplayArgs {
-    /// The trace (spec/replay-trace.md), or - for standard input.
+    /// The trace, one command a line (config, at, register, notify, abort, fence; examples
+    /// in tests/traces), or - for standard input.
     #[arg(value_name = "FILE|-")]
     pub trace: PathBuf,
 }

@@ -427,7 +427,15 @@ pub fn floor_main(args: &FloorArgs) -> Result<(), Failure> {
     let counting = alloc::counting();
     let inputs = Inputs::generate(&params);
     let w = inputs.workload(&params, Mode::Counting);
-    let passes: Vec<Pass> = (0..args.reps).map(|_| floor_pass(&w)).collect();
+    let progress = crate::progress::bar(args.reps as u64, "reps");
+    let passes: Vec<Pass> = (0..args.reps)
+        .map(|_| {
+            let pass = floor_pass(&w);
+            progress.inc(1);
+            pass
+        })
+        .collect();
+    progress.finish_and_clear();
     let (mut line, _) = json_line("rust-floor", &w, &passes, counting);
     line.put("hasher", "rustc-hash 2");
     line.print();

@@ -85,10 +85,10 @@ pub struct Spread {
 }
 
 impl Spread {
-    /// Summarises `samples` (at least one) through an HDR histogram: nearest-rank
-    /// quantiles (an even count's median is the lower middle sample), exact to five
-    /// significant digits of the figures' hundredths. Any sample that is not finite (no
-    /// thread clock) makes every figure `NaN`, printed `null`.
+    /// Summarises `samples` (at least one) through an HDR histogram of their hundredths:
+    /// nearest-rank quantiles (an even count's median is the lower middle sample), exact
+    /// below 327.68 and within 0.01 % above (four significant digits). Any sample that is
+    /// not finite (no thread clock) makes every figure `NaN`, printed `null`.
     pub fn of(samples: &[f64]) -> Spread {
         let unknown = Spread {
             min: f64::NAN,
@@ -100,11 +100,14 @@ impl Spread {
         if samples.is_empty() || samples.iter().any(|s| !s.is_finite()) {
             return unknown;
         }
-        let Ok(mut h) = Histogram::<u64>::new(5) else {
+        // Auto-resizing: `record` grows it to the largest sample.
+        let Ok(mut h) = Histogram::<u64>::new(4) else {
             return unknown;
         };
         for &s in samples {
-            h.saturating_record((s.max(0.0) * 100.0).round() as u64);
+            if h.record((s.max(0.0) * 100.0).round() as u64).is_err() {
+                return unknown;
+            }
         }
         let at = |q: f64| h.value_at_quantile(q) as f64 / 100.0;
         Spread {
@@ -227,8 +230,13 @@ mod tests {
             (1.0, 2.0, 3.0, 4.0, 5.0)
         );
         assert_eq!(Spread::of(&[1.0, 2.0]).median, 1.0);
-        let s = Spread::of(&[1138.71, 44.32, 8.01]);
-        assert_eq!((s.min, s.median, s.max), (8.01, 44.32, 1138.71));
+        let s = Spread::of(&[44.32, 8.01, 327.67]);
+        assert_eq!((s.min, s.median, s.max), (8.01, 44.32, 327.67));
+        let s = Spread::of(&[1497.42, 149_700.42, 2143.42, 1400.0, 1450.0]);
+        let close = |got: f64, want: f64| (got / want - 1.0).abs() <= 1e-4;
+        assert!(close(s.min, 1400.0) && close(s.q1, 1450.0), "{s:?}");
+        assert!(close(s.median, 1497.42) && close(s.q3, 2143.42), "{s:?}");
+        assert!(close(s.max, 149_700.42), "{s:?}");
         assert!(Spread::of(&[1.0, f64::NAN]).median.is_nan());
     }
 }
