@@ -497,6 +497,32 @@ mod tests {
     }
 
     #[test]
+    fn an_engine_hands_in_its_registry() {
+        let mut registry = Registry::default();
+        let engine_counter = Counter::<u64>::default();
+        registry.register(
+            "vllm:num_requests_running",
+            "The engine's own",
+            engine_counter,
+        );
+        let m = Metrics::new();
+        m.register(&mut registry);
+        let mut c = Counters::default();
+        c.engine.completed = 7;
+        // Observed after registration: the registry sees the shared values.
+        m.observe_consumer(&c, &ConsumerCounters::default(), &Latency::default());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+        assert!(text.contains("# TYPE vllm:num_requests_running counter\n"));
+        assert!(
+            text.contains("kvdrain:nixl_num_completed_reqs_total 7\n"),
+            "{text}"
+        );
+        assert!(text.contains("kvdrain:nixl_notif_to_decision_seconds_count 0\n"));
+        assert_eq!(text.matches("# EOF").count(), 1);
+    }
+
+    #[test]
     fn quantiles_to_three_digits() {
         let mut l = Latency::default();
         assert_eq!(l.quantile(0.5), None);
