@@ -5,7 +5,7 @@ CARGO ?= cargo
 LOOM_TARGET := target/loom
 FUZZ_SECONDS ?= 20
 
-.PHONY: demo test setup setup-nixl setup-tools check fmt clippy doc unit release-suites nostd loom miri fuzz-smoke replay
+.PHONY: demo test setup setup-nixl setup-tools check fmt clippy doc deny unit release-suites nostd loom miri fuzz-smoke replay
 
 ## The main job: P(TP=2) -> D(TP=1) over real NIXL in one process.
 demo: setup-nixl
@@ -23,7 +23,7 @@ setup-nixl:
 setup-tools:
 	bash scripts/setup-tools.sh
 
-check: fmt clippy doc
+check: fmt clippy doc deny
 
 fmt:
 	$(CARGO) fmt --all --check
@@ -33,6 +33,10 @@ clippy:
 
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --all-features
+
+## Dependency policy (deny.toml): licenses, bans, sources; offline, no advisory database.
+deny:
+	$(CARGO) deny --offline check licenses bans sources
 
 ## Unit, grid, trace, scenario, simulation, real-NIXL integration tests.
 unit:

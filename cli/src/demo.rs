@@ -12,43 +12,93 @@ mod report;
 
 use std::process::ExitCode;
 
-pub use report::{Progress, Summary};
+pub use report::{Percentiles, Progress, Summary};
 
-const USAGE: &str = "\
-usage: kvdrain demo [options]
+/// `kvdrain demo` arguments.
+#[derive(Clone, Debug, clap::Args)]
+#[command(after_help = "\
+Prints a summary table; exit status 0 if every request ended and every completed request
+held its bytes, 1 otherwise, 2 on bad arguments. A progress bar is drawn on stderr when it
+is a terminal.
 
-  --requests N         requests to push (default 2000)
-  --block-size BYTES   consumer KV block size, a multiple of 16 (default 65536);
-                       each of the 2 producer ranks writes half of every block
-  --blocks K           blocks per request (default 4)
-  --fail-rate F        probability that a producer's write is refused by NIXL (an injected
-                       bad descriptor: the producer sends PUSH_FAIL), 0..=1 (default 0.01)
-  --window W           requests in flight at once, 1..=1024 (default 64)
-  --seed S             fault-injection seed (default 1)
-  --progress-thread    run NIXL's progress thread in each agent (default: off, the demo's
-                       loop polls every agent; on a small machine the threads cost 5x)
-  --in-process         skip NIXL: in-process transport
-";
+Example:
+  kvdrain demo --requests 20000 --fail-rate 0.02 --metrics
+  kvdrain demo --requests 200 --log=debug
+  make demo DEMO_ARGS='--requests 20000'")]
+pub struct DemoArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub options: Options,
+    /// Print the metrics (OpenMetrics text) after the summary.
+    #[arg(long)]
+    pub metrics: bool,
+    /// Print the NIXL glue's tracing events on stderr, filtered by FILTER (tracing-subscriber
+    /// env-filter syntax, e.g. `debug` for a span per request, `kvdrain_nixl=warn`).
+    #[arg(long, value_name = "FILTER", num_args = 0..=1, require_equals = true, default_missing_value = "warn")]
+    pub log: Option<String>,
+}
 
 /// Demo settings.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, clap::Args)]
 pub struct Options {
     /// Requests to push.
+    #[arg(long, value_name = "N", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
     pub requests: u64,
-    /// D block size in bytes (P blocks are half).
+    /// D block size in bytes, a multiple of 16 (P blocks are half: each of the 2 producer
+    /// ranks writes half of every block).
+    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024, value_parser = block_size)]
     pub block_size: usize,
     /// Blocks per request.
+    #[arg(long, value_name = "K", default_value_t = 4, value_parser = positive)]
     pub blocks: usize,
-    /// Probability of an injected write failure per producer edge.
+    /// Probability that a producer's write is refused by NIXL (an injected bad descriptor:
+    /// the producer sends PUSH_FAIL), 0..=1.
+    #[arg(long, value_name = "F", default_value_t = 0.01, value_parser = probability)]
     pub fail_rate: f64,
-    /// Requests in flight at once.
+    /// Requests in flight at once, 1..=1024.
+    #[arg(long, value_name = "W", default_value_t = 64, value_parser = window)]
     pub window: usize,
-    /// Fault seed.
+    /// Fault-injection seed.
+    #[arg(long, value_name = "S", default_value_t = 1)]
     pub seed: u64,
-    /// Force the in-process transport.
+    /// Skip NIXL: in-process transport (memcpy and a queue) through the same core.
+    #[arg(long)]
     pub in_process: bool,
-    /// Run NIXL's progress thread in each agent.
+    /// Run NIXL's progress thread in each agent (default: the demo's loop polls every
+    /// agent; on a small machine the threads cost 5x).
+    #[arg(long)]
     pub progress_thread: bool,
+}
+
+fn block_size(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n > 0 && n % 16 == 0 => Ok(n),
+        Ok(_) => Err("must be a positive multiple of 16".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn positive(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn window(text: &str) -> Result<usize, String> {
+    match positive(text)? {
+        n if n > 1024 => Err("must be at most 1024".into()),
+        n => Ok(n),
+    }
+}
+
+fn probability(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        Ok(_) => Err("must be within 0..=1".into()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 impl Default for Options {
@@ -70,49 +120,6 @@ impl Default for Options {
 pub const P_TP: u16 = 2;
 
 impl Options {
-    /// Parses the command line.
-    ///
-    /// # Errors
-    /// A message naming the bad argument.
-    pub fn parse(args: &[String]) -> Result<Self, String> {
-        let mut o = Options::default();
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            match flag.as_str() {
-                "--in-process" => {
-                    o.in_process = true;
-                    continue;
-                }
-                "--progress-thread" => {
-                    o.progress_thread = true;
-                    continue;
-                }
-                _ => {}
-            }
-            let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-            let bad = || format!("bad value for {flag}: {value:?}");
-            match flag.as_str() {
-                "--requests" => o.requests = value.parse().map_err(|_| bad())?,
-                "--block-size" => o.block_size = value.parse().map_err(|_| bad())?,
-                "--blocks" => o.blocks = value.parse().map_err(|_| bad())?,
-                "--fail-rate" => o.fail_rate = value.parse().map_err(|_| bad())?,
-                "--window" => o.window = value.parse().map_err(|_| bad())?,
-                "--seed" => o.seed = value.parse().map_err(|_| bad())?,
-                other => return Err(format!("unknown option {other:?}")),
-            }
-        }
-        if o.block_size == 0 || o.block_size % 16 != 0 {
-            return Err("--block-size must be a positive multiple of 16".into());
-        }
-        if !(0.0..=1.0).contains(&o.fail_rate) {
-            return Err("--fail-rate must be within 0..=1".into());
-        }
-        if !(1..=1024).contains(&o.window) || o.blocks == 0 || o.requests == 0 {
-            return Err("--window must be 1..=1024, --blocks and --requests positive".into());
-        }
-        Ok(o)
-    }
-
     /// Whether producer rank `rank`'s write of request `n` is injected to fail
     /// (deterministic in the seed).
     pub fn fails(&self, n: u64, rank: u16) -> bool {
@@ -140,21 +147,30 @@ pub fn pattern(n: u64, rank: u16, index: usize, len: usize) -> Vec<u8> {
 }
 
 /// `kvdrain demo` entry point: 0 if every request ended and every completed request held
-/// its bytes, 1 otherwise, 2 on bad arguments.
-pub fn main(args: &[String]) -> ExitCode {
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        print!("{USAGE}");
-        return ExitCode::SUCCESS;
-    }
-    let options = match Options::parse(args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("kvdrain demo: {e}\n{USAGE}");
-            return ExitCode::from(2);
+/// its bytes, 1 otherwise.
+pub fn main(args: &DemoArgs) -> ExitCode {
+    if let Some(filter) = &args.log {
+        match tracing_subscriber::EnvFilter::try_new(filter) {
+            Ok(filter) => tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .init(),
+            Err(e) => {
+                eprintln!("kvdrain demo: --log={filter}: {e}");
+                return ExitCode::from(2);
+            }
         }
-    };
-    let summary = run(&options);
+    }
+    let summary = run(&args.options);
     print!("{summary}");
+    if args.metrics {
+        if summary.metrics.is_empty() {
+            eprintln!(
+                "kvdrain demo: --metrics: the in-process transport has no NIXL glue, so no metrics"
+            );
+        }
+        print!("{}", summary.metrics);
+    }
     if summary.ok() {
         ExitCode::SUCCESS
     } else {
@@ -197,24 +213,29 @@ fn try_nixl(_: &Options) -> Result<Summary, String> {
 mod tests {
     use super::*;
 
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(str::to_owned).collect()
+    fn parse(s: &str) -> Result<Options, clap::Error> {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Demo {
+            #[command(flatten)]
+            options: Options,
+        }
+        Demo::try_parse_from(std::iter::once("demo").chain(s.split_whitespace())).map(|d| d.options)
     }
 
     #[test]
     fn parses_flags_and_refuses_nonsense() {
-        let o = Options::parse(&args(
-            "--requests 10 --block-size 4096 --fail-rate 0.5 --in-process",
-        ))
-        .unwrap();
+        let o = parse("--requests 10 --block-size 4096 --fail-rate 0.5 --in-process").unwrap();
         assert_eq!(
             (o.requests, o.block_size, o.fail_rate, o.in_process),
             (10, 4096, 0.5, true)
         );
-        assert!(Options::parse(&args("--block-size 100")).is_err());
-        assert!(Options::parse(&args("--fail-rate 2")).is_err());
-        assert!(Options::parse(&args("--requests")).is_err());
-        assert!(Options::parse(&args("--bogus 1")).is_err());
+        assert_eq!(parse("").unwrap(), Options::default());
+        assert!(parse("--block-size 100").is_err());
+        assert!(parse("--fail-rate 2").is_err());
+        assert!(parse("--window 1025").is_err());
+        assert!(parse("--requests").is_err());
+        assert!(parse("--bogus 1").is_err());
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //! targets drive exactly what the command runs.
 
 pub mod bench;
+pub mod command;
 pub mod demo;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod json;
+pub mod progress;
 pub mod replay;
 pub mod sim;

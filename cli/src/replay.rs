@@ -5,16 +5,16 @@
 //! [`kvdrain::Ledger`].
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::io::{self, Read, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use serde::Serialize;
 
 use kvdrain::{
     AbortError, AgentId, BlockHandle, Config, Decision, Expect, IgnoreReason, Ledger, Millis,
     Outstanding, Quarantined, RegisterErrorKind, Registration, RequestKey,
 };
-
-use crate::json;
 
 /// Longest request id or agent name a trace may use, in bytes.
 pub const MAX_NAME: usize = 256;
@@ -42,22 +42,42 @@ impl std::fmt::Display for TraceError {
 
 impl std::error::Error for TraceError {}
 
+/// Exit status when the input cannot be read or the output written, and on bad usage
+/// (2 is kept for trace errors).
+pub const EXIT_UNREADABLE: u8 = 1;
+/// Exit status of a trace error.
+pub const EXIT_TRACE_ERROR: u8 = 2;
+
+/// `kvdrain replay` arguments.
+#[derive(Debug, Clone, clap::Args)]
+#[command(after_help = "\
+Exit status: 0 after the whole trace; 1 if the input cannot be read (or on bad usage);
+2 on a trace error (`trace error at line L: WHY` on stderr, after the decisions of the
+lines before it).
+
+Example:
+  kvdrain replay tests/traces/story_mixed_node.trace
+  printf 'register r1 expect=1\\nnotify p0 r1:1\\n' | kvdrain replay -")]
+pub struct ReplayArgs {
+    /// The trace, one command a line (config, at, register, notify, abort, fence; examples
+    /// in tests/traces), or - for standard input.
+    #[arg(value_name = "FILE|-")]
+    pub trace: PathBuf,
+}
+
 /// `kvdrain replay` entry point: exit 0 after the whole trace, 2 on a trace error, 1 if
 /// the input cannot be read.
-pub fn main(args: &[String]) -> ExitCode {
-    let [path] = args else {
-        eprintln!("usage: kvdrain replay FILE|-");
-        return ExitCode::from(1);
-    };
+pub fn main(args: &ReplayArgs) -> ExitCode {
+    let path = &args.trace;
     let mut input = Vec::new();
-    let read = if path == "-" {
+    let read = if path.as_os_str() == "-" {
         io::stdin().lock().read_to_end(&mut input)
     } else {
         std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut input))
     };
     if let Err(e) = read {
-        eprintln!("kvdrain replay: cannot read {path}: {e}");
-        return ExitCode::from(1);
+        eprintln!("kvdrain replay: cannot read {}: {e}", path.display());
+        return ExitCode::from(EXIT_UNREADABLE);
     }
     let mut out = io::BufWriter::new(io::stdout());
     let result = replay(&input, &mut out);
@@ -66,11 +86,11 @@ pub fn main(args: &[String]) -> ExitCode {
         (Ok(()), Ok(())) => ExitCode::SUCCESS,
         (Err(ReplayError::Trace(e)), _) => {
             eprintln!("{e}");
-            ExitCode::from(2)
+            ExitCode::from(EXIT_TRACE_ERROR)
         }
         (Err(ReplayError::Io(e)), _) | (Ok(()), Err(e)) => {
             eprintln!("kvdrain replay: cannot write output: {e}");
-            ExitCode::from(1)
+            ExitCode::from(EXIT_UNREADABLE)
         }
     }
 }
@@ -178,7 +198,44 @@ struct Replay<'o> {
     agents: HashMap<String, AgentId>,
     requests: HashMap<RequestKey, Tracked>,
     out: &'o mut (dyn Write + Send),
-    buf: String,
+    buf: Vec<u8>,
+}
+
+/// One output line (spec/replay-trace.md, "Output"): keys in this order, the optional ones
+/// only where the event has them.
+#[derive(Debug, Serialize)]
+struct Record<'a> {
+    at: Millis,
+    event: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    req: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    outstanding: Option<Owed<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    forced: Option<bool>,
+}
+
+/// `outstanding`: the agents still owing a notice, or how many notices are owed.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Owed<'a> {
+    Count(u64),
+    Agents(Vec<&'a str>),
+}
+
+impl<'a> Record<'a> {
+    fn new(at: Millis, event: &'a str, req: Option<&'a str>) -> Self {
+        Record {
+            at,
+            event,
+            req,
+            reason: None,
+            outstanding: None,
+            forced: None,
+        }
+    }
 }
 
 fn run<const N: usize>(
@@ -217,7 +274,7 @@ fn drive<const N: usize>(
         agents: HashMap::new(),
         requests: HashMap::new(),
         out,
-        buf: String::new(),
+        buf: Vec::new(),
     };
     let mut next = Some((first.0, Ok(first.1)));
     while let Some((n, line)) = next {
@@ -403,10 +460,10 @@ impl Replay<'_> {
                     RegisterErrorKind::DuplicateId => "duplicate_id",
                     _ => return Err(Step::Trace(e.to_string())),
                 };
-                self.begin("rejected", Some(id));
-                self.buf.push_str(",\"reason\":");
-                json::push_str(&mut self.buf, reason);
-                self.end()?;
+                self.write(&Record {
+                    reason: Some(reason),
+                    ..Record::new(self.now, "rejected", Some(id))
+                })?;
                 Ok(())
             }
         }
@@ -445,9 +502,10 @@ impl Replay<'_> {
                 let (key, forced) = (r.key(), r.forced());
                 let _blocks = r.into_free();
                 let id = self.requests.remove(&key).map(|t| t.id);
-                self.begin("released", id.as_deref());
-                let _ = write!(self.buf, ",\"forced\":{forced}");
-                self.end()?;
+                self.write(&Record {
+                    forced: Some(forced),
+                    ..Record::new(self.now, "released", id.as_deref())
+                })?;
             }
         }
         Ok(())
@@ -455,59 +513,48 @@ impl Replay<'_> {
 
     fn simple(&mut self, event: &str, key: RequestKey) -> io::Result<()> {
         let id = self.requests.get(&key).map(|t| t.id.clone());
-        self.begin(event, id.as_deref());
-        self.end()
+        self.write(&Record::new(self.now, event, id.as_deref()))
     }
 
     fn quarantined(&mut self, event: &str, q: &Quarantined) -> io::Result<()> {
         let tracked = self.requests.get(&q.key());
-        let id = tracked.map(|t| t.id.clone());
-        let mut outstanding = String::new();
-        match q.outstanding() {
-            Outstanding::Count(n) => {
-                let _ = write!(outstanding, "{n}");
-            }
+        let outstanding = match q.outstanding() {
+            Outstanding::Count(n) => Owed::Count(u64::from(n)),
             Outstanding::Edges(mask) => {
-                outstanding.push('[');
                 let agents = tracked.map(|t| t.agents.as_slice()).unwrap_or_default();
                 let owing = agents
                     .iter()
                     .enumerate()
-                    .filter(|(i, _)| mask & (1 << i) != 0);
-                for (n, (_, agent)) in owing.enumerate() {
-                    if n > 0 {
-                        outstanding.push(',');
-                    }
-                    json::push_str(&mut outstanding, agent);
-                }
-                outstanding.push(']');
+                    .filter(|(i, _)| mask & (1 << i) != 0)
+                    .map(|(_, agent)| agent.as_str());
+                Owed::Agents(owing.collect())
             }
-        }
-        self.begin(event, id.as_deref());
-        let _ = write!(self.buf, ",\"outstanding\":{outstanding}");
-        self.end()
+        };
+        let record = Record {
+            outstanding: Some(outstanding),
+            ..Record::new(self.now, event, tracked.map(|t| t.id.as_str()))
+        };
+        write_record(&mut self.buf, &mut *self.out, &record)
     }
 
     fn ignored(&mut self, req: Option<&str>, reason: &str) -> io::Result<()> {
-        self.begin("ignored", req);
-        self.buf.push_str(",\"reason\":");
-        json::push_str(&mut self.buf, reason);
-        self.end()
+        self.write(&Record {
+            reason: Some(reason),
+            ..Record::new(self.now, "ignored", req)
+        })
     }
 
-    fn begin(&mut self, event: &str, req: Option<&str>) {
-        self.buf.clear();
-        let _ = write!(self.buf, "{{\"at\":{},\"event\":\"{event}\"", self.now);
-        if let Some(req) = req {
-            self.buf.push_str(",\"req\":");
-            json::push_str(&mut self.buf, req);
-        }
+    fn write(&mut self, record: &Record<'_>) -> io::Result<()> {
+        write_record(&mut self.buf, &mut *self.out, record)
     }
+}
 
-    fn end(&mut self) -> io::Result<()> {
-        self.buf.push_str("}\n");
-        self.out.write_all(self.buf.as_bytes())
-    }
+/// Serialises `record` as one line into `buf`, then writes it whole to `out`.
+fn write_record(buf: &mut Vec<u8>, out: &mut dyn Write, record: &Record<'_>) -> io::Result<()> {
+    buf.clear();
+    serde_json::to_writer(&mut *buf, record)?;
+    buf.push(b'\n');
+    out.write_all(buf)
 }
 
 /// Decodes `\xNN` and `\\` in notify bytes.

@@ -35,7 +35,7 @@ use nixl_sys::NixlError;
 
 use crate::agent::{AgentError, UcxAgent};
 use crate::directory::{AgentDirectory, DirectoryFull};
-use crate::metrics::{self, Latency, Metric};
+use crate::metrics::Latency;
 use crate::registration::PushRegistration;
 
 /// The engine's side of the decisions: where blocks go.
@@ -308,6 +308,7 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
     /// # Errors
     /// [`ConsumerError::Rejected`] (with the blocks) if the core refused it; nothing was sent.
     pub fn register(&mut self, request: PushRequest<'_>) -> Result<Registered, ConsumerError> {
+        let _span = tracing::debug_span!("register", req = request.id).entered();
         let Some(engine) = self.engines.get(request.producer_engine) else {
             return Err(ConsumerError::UnknownEngine(
                 request.producer_engine.to_owned(),
@@ -400,10 +401,16 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
             if self.send(&agent, &registration) {
                 self.counters.registrations_sent += 1;
             } else {
+                tracing::warn!(
+                    agent,
+                    cause = "registration_unsent",
+                    "PUSH_REG could not be sent"
+                );
                 self.counters.registrations_failed += 1;
                 unreached.push(agent);
             }
         }
+        tracing::debug!(unreached = unreached.len(), "registered, PUSH_REG sent");
         Ok(Registered { key, unreached })
     }
 
@@ -435,6 +442,7 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
         let Some(id) = self.directory.get(name) else {
             return 0;
         };
+        tracing::warn!(agent = name, cause = "fence", "producer fenced");
         self.counters.fences += 1;
         let mut decisions = std::mem::take(&mut self.scratch);
         let resolved = self.ledger.fence(id, |d| decisions.push(d));
@@ -464,6 +472,7 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
         for (sender, bytes) in &batch {
             let id = self.directory.id_or_stranger(sender);
             if id == AgentDirectory::STRANGER {
+                tracing::debug!(agent = %sender, "notification from a stranger");
                 self.counters.from_strangers += 1;
             }
             if let Ok(Noticed::Decided) = self.ledger.handle_notification(id, bytes) {
@@ -511,80 +520,32 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
         &mut self.latency
     }
 
-    /// Every metric of this rank.
-    pub fn metrics(&mut self) -> Vec<Metric> {
-        let c = self.counters;
-        const SENT: &str = "kvdrain:nixl_num_sent_notifications";
-        const SENT_HELP: &str = "Notifications D sent to producers, by kind";
-        const FAILED: &str = "kvdrain:nixl_num_failed_notifications";
-        const FAILED_HELP: &str = "Notifications D could not send, by kind";
-        let glue = [
-            (SENT, SENT_HELP, ("kind", "push_reg"), c.registrations_sent),
-            (SENT, SENT_HELP, ("kind", "heartbeat"), c.heartbeats_sent),
-            (
-                FAILED,
-                FAILED_HELP,
-                ("kind", "push_reg"),
-                c.registrations_failed,
-            ),
-            (
-                FAILED,
-                FAILED_HELP,
-                ("kind", "heartbeat"),
-                c.heartbeats_failed,
-            ),
-        ];
-        let mut out = metrics::core_metrics(&self.ledger.counters());
-        out.extend(glue.into_iter().map(|(name, help, label, v)| Metric {
-            name,
-            help,
-            label: Some(label),
-            value: v as f64,
-        }));
-        for (name, help, v) in [
-            (
-                "kvdrain:nixl_num_producer_disconnects",
-                "Producer agents found disconnected and fenced",
-                c.disconnects,
-            ),
-            (
-                "kvdrain:nixl_num_notifications_from_strangers",
-                "Notifications from agents never introduced",
-                c.from_strangers,
-            ),
-        ] {
-            out.push(Metric {
-                name,
-                help,
-                label: None,
-                value: v as f64,
-            });
-        }
-        out.extend(self.latency.metrics(
-            "kvdrain:nixl_notif_to_decision_seconds",
-            "Time from draining the deciding notification to handing its decision to the engine",
-        ));
-        out
-    }
-
     fn deliver(&mut self, d: Decision, release: &mut impl BlockRelease) {
         let key = d.key();
         match d {
             Decision::Completed(t) => {
                 let r = self.forget(key);
+                tracing::debug!(req = %r.id, "completed");
                 release.decode(&r, t.into_decode());
             }
             Decision::Failed(_) => {
                 let r = self.stop_heartbeat(key);
+                tracing::warn!(req = %r.id, cause = "transfer", "failed");
                 release.failed(&r);
             }
             Decision::Expired(q) => {
                 let r = self.stop_heartbeat(key);
+                tracing::warn!(req = %r.id, cause = "deadline", outstanding = ?q.outstanding(), "expired");
                 release.expired(&r, q.outstanding());
             }
             Decision::Released(t) => {
                 let r = self.forget(key);
                 let forced = t.forced();
+                if forced {
+                    tracing::warn!(req = %r.id, cause = "quarantine", "released by the quarantine");
+                } else {
+                    tracing::debug!(req = %r.id, "released");
+                }
                 release.release(&r, t.into_free(), forced);
             }
         }
@@ -656,6 +617,11 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
             if self.send(&agent, &msg) {
                 self.counters.heartbeats_sent += 1;
             } else {
+                tracing::warn!(
+                    agent,
+                    cause = "heartbeat_unsent",
+                    "heartbeat could not be sent"
+                );
                 self.counters.heartbeats_failed += 1;
             }
         }
@@ -670,6 +636,11 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
         match self.agent.agent().send_notification(agent, msg, None) {
             Ok(()) => true,
             Err(NixlError::BackendError) => {
+                tracing::warn!(
+                    agent,
+                    cause = "disconnect",
+                    "producer disconnected; fencing it"
+                );
                 self.counters.disconnects += 1;
                 self.disconnected.insert(agent.to_owned());
                 self.to_fence.push(agent.to_owned());

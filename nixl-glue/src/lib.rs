@@ -18,8 +18,16 @@
 //! | [`handshake`] | what P needs to write into a D rank, and where it comes from |
 //! | [`descriptors`] | the byte spans of one WRITE |
 //! | [`pool`] | DRAM KV block pools (tests, demo) |
-//! | [`metrics`] | counters and latency, vLLM-style names |
+//! | [`metrics`] | one `prometheus-client` registry type (vLLM-style names), the latency's HDR histogram |
 //! | [`testbed`] | P(TP=n) → D(TP=1) on real NIXL in one process (tests, demo) |
+//!
+//! Events go to `tracing` (install any subscriber; `kvdrain demo --log` uses
+//! `tracing-subscriber`): a `debug` span per request on the consumer's registration and the
+//! producer's push (target `kvdrain_nixl::consumer` / `::producer`), `debug` events for
+//! notices, decisions and releases, and a `warn` event with a `cause` field for every
+//! failure (`post`, `after_post`, `handshake`, `notice_unsendable`, `malformed_registration`,
+//! `stash_full`, `unplannable`, `registration_unsent`, `heartbeat_unsent`, `disconnect`,
+//! `fence`, `transfer`, `deadline`, `quarantine`). Disabled levels cost one cached check.
 
 pub mod agent;
 pub mod consumer;

@@ -32,7 +32,6 @@ use nixl_sys::{MemType, NixlError, OptArgs, XferDescList, XferOp, XferRequest, X
 use crate::agent::{AgentError, UcxAgent};
 use crate::descriptors::{self, Span};
 use crate::handshake::Handshake;
-use crate::metrics::Metric;
 use crate::pool::BlockLayout;
 use crate::registration::PushRegistration;
 
@@ -240,117 +239,6 @@ impl Pusher {
         self.counters
     }
 
-    /// The counters as metrics (names modelled on vLLM's; post failures, failures after
-    /// posting and handshake failures kept apart).
-    pub fn metrics(&self) -> Vec<Metric> {
-        let c = &self.counters;
-        const REG: &str = "kvdrain:nixl_num_registrations";
-        const REG_HELP: &str = "PUSH_REG received by this producer rank, by outcome";
-        const FAILED: &str = "kvdrain:nixl_num_failed_transfers";
-        const FAILED_HELP: &str = "Writes that did not land, by cause";
-        const NOTICE: &str = "kvdrain:nixl_num_failure_notices";
-        const NOTICE_HELP: &str = "PUSH_FAIL owed by this producer rank, by outcome";
-        let m = |name, help, label, value: u64| Metric {
-            name,
-            help,
-            label,
-            value: value as f64,
-        };
-        vec![
-            m(REG, REG_HELP, Some(("outcome", "decoded")), c.registrations),
-            m(
-                REG,
-                REG_HELP,
-                Some(("outcome", "malformed")),
-                c.registrations_malformed,
-            ),
-            m(
-                REG,
-                REG_HELP,
-                Some(("outcome", "duplicate")),
-                c.registrations_duplicate,
-            ),
-            m(
-                REG,
-                REG_HELP,
-                Some(("outcome", "dropped")),
-                c.registrations_dropped,
-            ),
-            m(
-                REG,
-                REG_HELP,
-                Some(("outcome", "retired")),
-                c.registrations_retired,
-            ),
-            m(
-                "kvdrain:nixl_num_heartbeats",
-                "Heartbeat ids passed to the engine",
-                None,
-                c.heartbeats,
-            ),
-            m(
-                "kvdrain:nixl_num_posted_writes",
-                "Writes posted",
-                None,
-                c.posted,
-            ),
-            m(
-                "kvdrain:nixl_num_landed_writes",
-                "Writes that landed",
-                None,
-                c.landed,
-            ),
-            m(
-                FAILED,
-                FAILED_HELP,
-                Some(("cause", "post")),
-                c.post_failures,
-            ),
-            m(
-                FAILED,
-                FAILED_HELP,
-                Some(("cause", "after_post")),
-                c.failed_after_post,
-            ),
-            m(
-                FAILED,
-                FAILED_HELP,
-                Some(("cause", "handshake")),
-                c.handshake_failures,
-            ),
-            m(
-                NOTICE,
-                NOTICE_HELP,
-                Some(("outcome", "sent")),
-                c.notices_sent,
-            ),
-            m(
-                NOTICE,
-                NOTICE_HELP,
-                Some(("outcome", "unsendable")),
-                c.notices_unsendable,
-            ),
-            m(
-                "kvdrain:nixl_num_released_sources",
-                "Requests whose source blocks were handed back",
-                None,
-                c.released,
-            ),
-            m(
-                "kvdrain:nixl_num_unplannable_registrations",
-                "Registrations whose topology could not be planned",
-                None,
-                c.unplannable,
-            ),
-            m(
-                "kvdrain:nixl_num_ignored_notifications",
-                "Notifications a producer does not act on",
-                None,
-                c.ignored,
-            ),
-        ]
-    }
-
     /// Requests offered or being pushed (not yet released and noticed).
     pub fn in_flight(&self) -> usize {
         self.offers.len() + self.pushes.len() + self.paired.len()
@@ -428,7 +316,10 @@ impl Pusher {
         match wire::parse(bytes) {
             Ok(Message::Registration(payload)) => match PushRegistration::from_msgpack(payload) {
                 Ok(reg) => self.on_registration(reg),
-                Err(_) => self.counters.registrations_malformed += 1,
+                Err(e) => {
+                    tracing::warn!(cause = "malformed_registration", error = %e, "PUSH_REG dropped");
+                    self.counters.registrations_malformed += 1;
+                }
             },
             Ok(Message::Heartbeat(hb)) => {
                 for id in hb.ids() {
@@ -456,6 +347,7 @@ impl Pusher {
         } else if self.stash.contains_key(&key) {
             self.counters.registrations_duplicate += 1;
         } else if self.stash.len() >= Self::STASH_CAPACITY {
+            tracing::warn!(req = %key, cause = "stash_full", "PUSH_REG dropped");
             self.counters.registrations_dropped += 1;
         } else {
             self.stash.insert(key, reg);
@@ -473,11 +365,17 @@ impl Pusher {
         report: &mut TickReport,
     ) {
         let key = registration.pairing_key().to_owned();
+        let _span = tracing::debug_span!("push", req = %key).entered();
+        tracing::debug!(retired = source.is_none(), "registration paired");
         let topology = self.topology(&registration);
         let Ok(mut plan) = PushPlan::new(&topology, self.config.pp_stage, self.config.tp_rank)
         else {
             // No edge can be named, so no notice can be owed (invariant 3); nothing was
             // posted, so the blocks go back now.
+            tracing::warn!(
+                cause = "unplannable",
+                "registration's topology cannot be planned"
+            );
             self.counters.unplannable += 1;
             if source.is_some() {
                 self.counters.released += 1;
@@ -517,6 +415,7 @@ impl Pusher {
                             report.finished += 1;
                         }
                         Err(()) => {
+                            tracing::warn!(d_rank = d, cause = "post", "write not posted");
                             self.counters.post_failures += 1;
                             let _ = plan.post_failed(d);
                         }
@@ -549,6 +448,7 @@ impl Pusher {
             ..
         }) = self.peer(handshake, engine, d)
         else {
+            tracing::warn!(engine, d_rank = d, cause = "handshake", "handshake failed");
             self.counters.handshake_failures += 1;
             return Err(());
         };
@@ -629,6 +529,7 @@ impl Pusher {
         blocks: &mut impl SourceBlocks,
         report: &mut TickReport,
     ) {
+        let _span = tracing::debug_span!("push", req = key).entered();
         let engine = push.registration.decode_engine_id.clone();
         let agent = self.agent.agent();
         push.xfers
@@ -641,6 +542,7 @@ impl Pusher {
                     false
                 }
                 Err(e) => {
+                    tracing::warn!(d_rank = *d, cause = "after_post", error = %e, "write failed");
                     let _ = push.plan.failed(*d);
                     self.counters.failed_after_post += 1;
                     report.finished += 1;
@@ -655,15 +557,22 @@ impl Pusher {
         for d in owed {
             if self.notify_failure(handshake, &push.registration, d) {
                 let _ = push.plan.noticed(d);
+                tracing::debug!(d_rank = d, "PUSH_FAIL sent");
                 self.counters.notices_sent += 1;
                 report.notices += 1;
             } else {
                 let _ = push.plan.unreachable(d);
+                tracing::warn!(
+                    d_rank = d,
+                    cause = "notice_unsendable",
+                    "PUSH_FAIL could not be sent"
+                );
                 self.counters.notices_unsendable += 1;
             }
         }
         if push.plan.is_terminal() && !push.released {
             push.released = true;
+            tracing::debug!("source blocks released");
             self.counters.released += 1;
             report.released += 1;
             blocks.release(key);

@@ -148,13 +148,19 @@ fn tp2_to_tp1(progress_thread: bool) {
         (c.engine.completed, c.engine.failed, c.ingest.completions),
         (8, 0, 16)
     );
-    let metrics = kvdrain_nixl::metrics::render(&tb.d.consumer.metrics());
+    let m = kvdrain_nixl::metrics::Metrics::new();
+    m.observe_consumer(&c, &tb.d.consumer.counters(), tb.d.consumer.latency());
+    let metrics = m.encode();
     assert!(
-        metrics.contains("kvdrain:nixl_num_completed_reqs 8\n"),
+        metrics.contains("kvdrain:nixl_num_completed_reqs_total 8\n"),
         "{metrics}"
     );
     assert!(
-        metrics.contains("kvdrain:nixl_num_failed_transfers 0\n"),
+        metrics.contains("kvdrain:nixl_num_failed_reqs_total 0\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("kvdrain:nixl_notif_to_decision_seconds_count 8\n"),
         "{metrics}"
     );
     assert!(tb.d.consumer.latency().quantile(0.99).is_some());
@@ -282,21 +288,18 @@ fn pr50754_scenarios_ten_times_each_then_a_healthy_request() {
             .map(|p| p.counters().post_failures)
             .sum();
     assert_eq!(p, 20, "one real descriptor failure per failing round");
-    let text: String =
-        tb.p.pushers
-            .iter()
-            .map(|p| kvdrain_nixl::metrics::render(&p.metrics()))
-            .collect();
-    assert_eq!(
-        text.matches("kvdrain:nixl_num_failed_transfers{cause=\"post\"} 10\n")
-            .count(),
-        2,
+    let m = kvdrain_nixl::metrics::Metrics::new();
+    let ranks: Vec<_> = tb.p.pushers.iter().map(|p| p.counters()).collect();
+    m.observe_producers(&ranks);
+    let text = m.encode();
+    assert!(
+        text.contains("kvdrain:nixl_num_failed_transfers_total{cause=\"post\"} 20\n"),
         "{text}"
     );
-    assert_eq!(
-        text.matches("kvdrain:nixl_num_failure_notices{outcome=\"sent\"} 10\n")
-            .count(),
-        2,
+    assert!(
+        text.contains(
+            "kvdrain:nixl_num_sent_notifications_total{side=\"producer\",kind=\"push_fail\"} 20\n"
+        ),
         "{text}"
     );
 }

@@ -6,13 +6,13 @@
 //! `bench/vllm_baseline.py` runs as a child process with the same flags, after checking
 //! that it generates the same bytes (the first `min(M, 200 000)` messages are compared).
 
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
 
+use super::args::CompareArgs;
 use super::ingest::{self, Inputs, Mode, Pass, Shape};
 use super::stream::{self, Params};
-use super::{Failure, Flags, Num, Spread, alloc, on_big_stack, stack_for};
+use super::{Failure, Line, Spread, alloc, num, on_big_stack, stack_for};
 
 /// Messages compared byte for byte against the Python generator.
 const STREAM_CHECK: usize = 200_000;
@@ -68,31 +68,24 @@ fn run_python(py: &Python, args: &[String]) -> Result<Vec<u8>, Failure> {
     Ok(output.stdout)
 }
 
-/// The number after `"key":` in a one-line JSON object.
+/// The number under `key` in a one-line JSON object.
 fn json_number(line: &str, key: &str) -> Option<f64> {
-    let at = line.find(&format!("\"{key}\":"))? + key.len() + 3;
-    let rest = &line[at..];
-    let end = rest.find([',', '}']).unwrap_or(rest.len());
-    rest[..end].trim().parse().ok()
+    serde_json::from_str::<serde_json::Value>(line)
+        .ok()?
+        .get(key)?
+        .as_f64()
 }
 
 /// `kvdrain bench compare`.
-pub fn main(mut flags: Flags) -> Result<(), Failure> {
-    let params = ingest::stream_params(&mut flags, None)?;
-    let mode = Mode::from_flag(flags.string("mode")?.as_deref())?;
-    let reps = flags.count("reps", Some(11))?;
-    let python = if flags.switch("no-python")? {
-        None
-    } else {
-        Some(Python {
-            interpreter: flags.string("python")?.unwrap_or_else(|| "python3".into()),
-            script: flags
-                .string("python-script")?
-                .map_or_else(default_script, PathBuf::from),
-            reps: flags.count("python-reps", Some(3))?,
-        })
-    };
-    flags.finish()?;
+pub fn main(args: &CompareArgs) -> Result<(), Failure> {
+    let params = args.ingest.stream.params();
+    let mode = Mode::from(args.ingest.mode);
+    let reps = args.ingest.reps;
+    let python = (!args.no_python).then(|| Python {
+        interpreter: args.python.clone(),
+        script: args.python_script.clone().unwrap_or_else(default_script),
+        reps: args.python_reps,
+    });
     let shape = Shape::for_run(params.inflight, params.edges, mode)?;
     let counting = alloc::counting();
     let inputs = Inputs::generate(&params);
@@ -121,9 +114,11 @@ pub fn main(mut flags: Flags) -> Result<(), Failure> {
         0
     };
 
+    let progress = crate::progress::bar(reps as u64, "reps");
     let (kv, fl, walk) = on_big_stack(stack_for(shape.bytes), || {
         let (mut kv, mut fl, mut walk) = (Vec::new(), Vec::new(), Vec::new());
         for rep in 0..reps {
+            progress.inc(1);
             if rep % 2 == 0 {
                 kv.push(shape.pass(&w));
                 fl.push(ingest::floor_pass(&w));
@@ -135,15 +130,12 @@ pub fn main(mut flags: Flags) -> Result<(), Failure> {
         }
         (kv, fl, walk)
     })?;
+    progress.finish_and_clear();
 
-    let mut line = String::new();
-    let kv_spread = ingest::json_line(&mut line, "kvdrain", &w, &kv, counting);
-    let _ = write!(line, ",\"ledger\":\"{}\"}}", shape.name());
-    println!("{line}");
-    line.clear();
-    let fl_spread = ingest::json_line(&mut line, "rust-floor", &w, &fl, counting);
-    line.push_str(",\"hasher\":\"rustc-hash 2\"}");
-    println!("{line}");
+    let (mut line, kv_spread) = ingest::json_line("kvdrain", &w, &kv, counting);
+    line.put("ledger", shape.name()).print();
+    let (mut line, fl_spread) = ingest::json_line("rust-floor", &w, &fl, counting);
+    line.put("hasher", "rustc-hash 2").print();
     let walk_spread = ingest::Spreads::of(&walk);
 
     // (wall, cpu) medians of the Python baseline.
@@ -170,40 +162,45 @@ pub fn main(mut flags: Flags) -> Result<(), Failure> {
     let paired_wall = paired(|p| p.ns_per_notification);
     let paired_cpu = paired(|p| p.cpu_ns_per_notification);
     let (py_wall, py_cpu) = python_ns.unwrap_or((f64::NAN, f64::NAN));
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        "{{\"compare\":\"R={} E={} M={} mode={} fail_share={}\",\
-\"kvdrain_ns\":{},\"floor_ns\":{},\"python_ns\":{},\
-\"kvdrain_cpu_ns\":{},\"floor_cpu_ns\":{},\"python_cpu_ns\":{},\
-\"kvdrain_over_floor\":{},\"kvdrain_over_floor_cpu\":{},\
-\"kvdrain_over_floor_paired\":{},\"kvdrain_over_floor_paired_cpu\":{},\
-\"kvdrain_over_floor_paired_cpu_min\":{},\"kvdrain_over_floor_paired_cpu_max\":{},\
-\"python_over_kvdrain\":{},\"python_over_kvdrain_cpu\":{},\
-\"python_over_floor\":{},\"harness_walk_ns\":{},\"stream_checked_against_python\":{checked}}}",
-        params.inflight,
-        params.edges,
-        params.notifications,
-        mode.name(),
-        params.fail_share,
-        Num(kv_spread.wall.median),
-        Num(fl_spread.wall.median),
-        Num(py_wall),
-        Num(kv_spread.cpu.median),
-        Num(fl_spread.cpu.median),
-        Num(py_cpu),
-        Num(kv_spread.wall.median / fl_spread.wall.median),
-        Num(kv_spread.cpu.median / fl_spread.cpu.median),
-        Num(paired_wall.median),
-        Num(paired_cpu.median),
-        Num(paired_cpu.min),
-        Num(paired_cpu.max),
-        Num(py_wall / kv_spread.wall.median),
-        Num(py_cpu / kv_spread.cpu.median),
-        Num(py_wall / fl_spread.wall.median),
-        Num(walk_spread.cpu.median),
+    let mut line = Line::new();
+    line.put(
+        "compare",
+        format!(
+            "R={} E={} M={} mode={} fail_share={}",
+            params.inflight,
+            params.edges,
+            params.notifications,
+            mode.name(),
+            params.fail_share
+        ),
     );
-    println!("{s}");
+    for (key, value) in [
+        ("kvdrain_ns", kv_spread.wall.median),
+        ("floor_ns", fl_spread.wall.median),
+        ("python_ns", py_wall),
+        ("kvdrain_cpu_ns", kv_spread.cpu.median),
+        ("floor_cpu_ns", fl_spread.cpu.median),
+        ("python_cpu_ns", py_cpu),
+        (
+            "kvdrain_over_floor",
+            kv_spread.wall.median / fl_spread.wall.median,
+        ),
+        (
+            "kvdrain_over_floor_cpu",
+            kv_spread.cpu.median / fl_spread.cpu.median,
+        ),
+        ("kvdrain_over_floor_paired", paired_wall.median),
+        ("kvdrain_over_floor_paired_cpu", paired_cpu.median),
+        ("kvdrain_over_floor_paired_cpu_min", paired_cpu.min),
+        ("kvdrain_over_floor_paired_cpu_max", paired_cpu.max),
+        ("python_over_kvdrain", py_wall / kv_spread.wall.median),
+        ("python_over_kvdrain_cpu", py_cpu / kv_spread.cpu.median),
+        ("python_over_floor", py_wall / fl_spread.wall.median),
+        ("harness_walk_ns", walk_spread.cpu.median),
+    ] {
+        line.put(key, num(value));
+    }
+    line.put("stream_checked_against_python", checked).print();
     ingest::check("kvdrain", &w, &kv, counting)?;
     ingest::check("rust-floor", &w, &fl, counting)
 }

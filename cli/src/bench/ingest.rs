@@ -8,14 +8,14 @@
 //! re-registration of the request under the same id, so R stay in flight. Allocations
 //! are counted around the timed loop only.
 
-use std::fmt::Write as _;
 use std::hint::black_box;
 
 use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Noticed, Registration};
 
+use super::args::{FloorArgs, IngestArgs, StreamArgs};
 use super::floor::Floor;
-use super::stream::{self, DEFAULT_SEED, Params, Stream};
-use super::{Clock, Failure, Flags, Spread, alloc, allocations_json, on_big_stack, stack_for};
+use super::stream::{self, Params, Stream};
+use super::{Clock, Failure, Line, Spread, alloc, on_big_stack, put_allocations, stack_for};
 
 /// How requests wait for their notifications.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -33,17 +33,6 @@ impl Mode {
         match self {
             Mode::Counting => "counting",
             Mode::Named => "named",
-        }
-    }
-
-    /// Parses `--mode`.
-    pub fn from_flag(text: Option<&str>) -> Result<Mode, Failure> {
-        match text {
-            None | Some("counting") => Ok(Mode::Counting),
-            Some("named") => Ok(Mode::Named),
-            Some(other) => Err(Failure::Usage(format!(
-                "--mode must be counting or named, not {other:?}"
-            ))),
         }
     }
 }
@@ -352,24 +341,6 @@ pub fn check(
     Ok(())
 }
 
-/// The `--inflight/--edges/--notifications/--fail-share/--seed` group.
-pub fn stream_params(flags: &mut Flags, notifications: Option<usize>) -> Result<Params, Failure> {
-    let params = Params {
-        inflight: flags.count("inflight", None)?,
-        edges: flags.count("edges", None)?,
-        notifications: flags.count("notifications", notifications)?,
-        fail_share: flags.f64("fail-share", 0.01)?,
-        seed: flags.u64("seed")?.unwrap_or(DEFAULT_SEED),
-    };
-    if !(0.0..=1.0).contains(&params.fail_share) {
-        return Err(Failure::Usage("--fail-share must be within [0, 1]".into()));
-    }
-    if params.edges > 64 {
-        return Err(Failure::Usage("--edges must be <= 64".into()));
-    }
-    Ok(params)
-}
-
 /// Wall and CPU spreads of a set of passes.
 #[derive(Clone, Copy, Debug)]
 pub struct Spreads {
@@ -391,89 +362,90 @@ impl Spreads {
     }
 }
 
-/// The JSON line of one implementation's passes (without the closing brace).
+/// The JSON line of one implementation's passes; callers add their own last keys.
 pub fn json_line(
-    out: &mut String,
     implementation: &str,
     w: &Workload<'_>,
     passes: &[Pass],
     counting: bool,
-) -> Spreads {
+) -> (Line, Spreads) {
     let spreads = Spreads::of(passes);
     let p = w.params;
-    let _ = write!(out, "{{\"impl\":\"{implementation}\",");
-    spreads.wall.json(out, "ns_per_notification", "ns");
-    out.push(',');
-    spreads.cpu.json(out, "cpu_ns_per_notification", "cpu_ns");
-    let _ = write!(
-        out,
-        ",\"notifications\":{},\"inflight\":{},\"edges\":{},\"mode\":\"{}\",\
-\"fail_share\":{},\"reps\":{},",
-        p.notifications,
-        p.inflight,
-        p.edges,
-        w.mode.name(),
-        p.fail_share,
-        passes.len()
-    );
-    allocations_json(out, counting, passes.iter().map(|q| q.allocations).sum());
-    if let Some(first) = passes.first() {
-        let _ = write!(
-            out,
-            ",\"decided_per_rep\":{},\"failed_per_rep\":{}",
-            first.decided, first.failed
-        );
-    }
+    let mut line = Line::new();
+    line.put("impl", implementation);
+    spreads.wall.put(&mut line, "ns_per_notification", "ns");
     spreads
+        .cpu
+        .put(&mut line, "cpu_ns_per_notification", "cpu_ns");
+    line.put("notifications", p.notifications)
+        .put("inflight", p.inflight)
+        .put("edges", p.edges)
+        .put("mode", w.mode.name())
+        .put("fail_share", p.fail_share)
+        .put("reps", passes.len());
+    put_allocations(
+        &mut line,
+        counting,
+        passes.iter().map(|q| q.allocations).sum(),
+    );
+    if let Some(first) = passes.first() {
+        line.put("decided_per_rep", first.decided)
+            .put("failed_per_rep", first.failed);
+    }
+    (line, spreads)
 }
 
 /// `kvdrain bench ingest`.
-pub fn main(mut flags: Flags) -> Result<(), Failure> {
-    let params = stream_params(&mut flags, None)?;
-    let mode = Mode::from_flag(flags.string("mode")?.as_deref())?;
-    let reps = flags.count("reps", Some(11))?;
-    flags.finish()?;
+pub fn main(args: &IngestArgs) -> Result<(), Failure> {
+    let params = args.stream.params();
+    let mode = Mode::from(args.mode);
     let shape = Shape::for_run(params.inflight, params.edges, mode)?;
     let counting = alloc::counting();
     let inputs = Inputs::generate(&params);
     let w = inputs.workload(&params, mode);
+    let progress = crate::progress::bar(args.reps as u64, "reps");
     let passes = on_big_stack(stack_for(shape.bytes), || {
-        (0..reps).map(|_| shape.pass(&w)).collect::<Vec<_>>()
+        (0..args.reps)
+            .map(|_| {
+                let pass = shape.pass(&w);
+                progress.inc(1);
+                pass
+            })
+            .collect::<Vec<_>>()
     })?;
-    let mut out = String::new();
-    json_line(&mut out, "kvdrain", &w, &passes, counting);
-    let _ = write!(
-        out,
-        ",\"ledger\":\"{}\",\"ledger_bytes\":{}}}",
-        shape.name(),
-        shape.bytes
-    );
-    println!("{out}");
+    progress.finish_and_clear();
+    let (mut line, _) = json_line("kvdrain", &w, &passes, counting);
+    line.put("ledger", shape.name())
+        .put("ledger_bytes", shape.bytes);
+    line.print();
     check("kvdrain", &w, &passes, counting)
 }
 
 /// `kvdrain bench floor`.
-pub fn floor_main(mut flags: Flags) -> Result<(), Failure> {
-    let params = stream_params(&mut flags, None)?;
-    let reps = flags.count("reps", Some(11))?;
-    flags.finish()?;
+pub fn floor_main(args: &FloorArgs) -> Result<(), Failure> {
+    let params = args.stream.params();
     let counting = alloc::counting();
     let inputs = Inputs::generate(&params);
     let w = inputs.workload(&params, Mode::Counting);
-    let passes: Vec<Pass> = (0..reps).map(|_| floor_pass(&w)).collect();
-    let mut out = String::new();
-    json_line(&mut out, "rust-floor", &w, &passes, counting);
-    out.push_str(",\"hasher\":\"rustc-hash 2\"}");
-    println!("{out}");
+    let progress = crate::progress::bar(args.reps as u64, "reps");
+    let passes: Vec<Pass> = (0..args.reps)
+        .map(|_| {
+            let pass = floor_pass(&w);
+            progress.inc(1);
+            pass
+        })
+        .collect();
+    progress.finish_and_clear();
+    let (mut line, _) = json_line("rust-floor", &w, &passes, counting);
+    line.put("hasher", "rustc-hash 2");
+    line.print();
     check("rust-floor", &w, &passes, counting)
 }
 
 /// `kvdrain bench stream`: the messages, one a line.
-pub fn stream_main(mut flags: Flags) -> Result<(), Failure> {
+pub fn stream_main(args: &StreamArgs) -> Result<(), Failure> {
     use std::io::Write as _;
-    let params = stream_params(&mut flags, None)?;
-    flags.finish()?;
-    let stream = stream::generate(&params);
+    let stream = stream::generate(&args.params());
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     stream
         .write_lines(&mut out)

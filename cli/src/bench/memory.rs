@@ -7,42 +7,40 @@
 //! owner record, timer, free-list and batch entries). `core/tests/size.rs` pins the same
 //! figures.
 
-use std::fmt::Write as _;
-
 use kvdrain::Ledger;
+use serde_json::Value;
 
-use super::{Failure, Flags};
+use super::{Failure, Line};
 
 fn per_request<const N: usize, const N2: usize, const E: usize>() -> usize {
     (size_of::<Ledger<N2, E>>() - size_of::<Ledger<N, E>>()) / N
 }
 
-fn entry<const N: usize, const E: usize>(out: &mut String) {
+fn entry<const N: usize, const E: usize>(line: &mut Line) {
     let bytes = size_of::<Ledger<N, E>>();
-    let _ = write!(
-        out,
-        "\"Ledger<{N}, {E}>\":{{\"bytes\":{bytes},\"bytes_per_request\":{:.1}}},",
-        bytes as f64 / N as f64
-    );
+    let per_request = (bytes as f64 / N as f64 * 10.0).round() / 10.0;
+    let mut sizes = Line::new();
+    sizes
+        .put("bytes", bytes)
+        .put("bytes_per_request", Value::from(per_request));
+    line.put(format!("Ledger<{N}, {E}>"), sizes.into_map());
 }
 
 /// `kvdrain bench memory`.
-pub fn main(flags: Flags) -> Result<(), Failure> {
-    flags.finish()?;
-    let mut out = String::from("{\"bench\":\"memory\",");
-    let _ = write!(
-        out,
-        "\"slot_equivalent_bytes\":{{\"E=1\":{},\"E=8\":{},\"E=32\":{}}},",
-        per_request::<1024, 2048, 1>(),
-        per_request::<1024, 2048, 8>(),
-        per_request::<1024, 2048, 32>(),
-    );
-    entry::<1024, 8>(&mut out);
-    entry::<4096, 8>(&mut out);
-    entry::<65536, 8>(&mut out);
-    entry::<4096, 32>(&mut out);
-    entry::<65536, 32>(&mut out);
-    out.push_str("\"target_bytes_per_request\":256}");
-    println!("{out}");
+pub fn main() -> Result<(), Failure> {
+    let mut line = Line::new();
+    let mut slot = Line::new();
+    slot.put("E=1", per_request::<1024, 2048, 1>())
+        .put("E=8", per_request::<1024, 2048, 8>())
+        .put("E=32", per_request::<1024, 2048, 32>());
+    line.put("bench", "memory")
+        .put("slot_equivalent_bytes", slot.into_map());
+    entry::<1024, 8>(&mut line);
+    entry::<4096, 8>(&mut line);
+    entry::<65536, 8>(&mut line);
+    entry::<4096, 32>(&mut line);
+    entry::<65536, 32>(&mut line);
+    line.put("target_bytes_per_request", 256);
+    line.print();
     Ok(())
 }

@@ -5,70 +5,51 @@
 //! largest to the smallest, and the largest deviation from the median of the medians
 //! (the issue's "flat within ±20 %"), for wall time, CPU time and the floor's CPU time.
 
-use std::fmt::Write as _;
-
+use super::args::SweepArgs;
 use super::ingest::{self, Inputs, Mode, Shape};
-use super::stream::{DEFAULT_SEED, Params};
-use super::{Failure, Flags, Num, Spread, alloc, on_big_stack, stack_for};
+use super::stream::Params;
+use super::{Failure, Line, Spread, alloc, num, on_big_stack, stack_for};
 
-fn parse_list(text: &str) -> Result<Vec<usize>, Failure> {
-    text.split(',')
-        .map(|t| {
-            t.trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|&v| v >= 1)
-                .ok_or_else(|| Failure::Usage(format!("--edges-list: bad entry {t:?}")))
-        })
-        .collect()
-}
-
-/// `,"<p>ns_median_of_medians":..,...,"<p>by_inflight":{..}` for one set of medians.
-fn flatness(line: &mut String, p: &str, medians: &[(usize, f64)]) {
+/// Adds `"<p>ns_median_of_medians":..,...,"<p>by_inflight":{..}` for one set of medians.
+fn flatness(line: &mut Line, p: &str, medians: &[(usize, f64)]) {
     let values: Vec<f64> = medians.iter().map(|m| m.1).collect();
     let s = Spread::of(&values);
     let deviation = values
         .iter()
         .map(|v| (v / s.median - 1.0).abs())
         .fold(0.0, f64::max);
-    let _ = write!(
-        line,
-        ",\"{p}ns_median_of_medians\":{},\"{p}ns_lowest\":{},\"{p}ns_highest\":{},\
-\"{p}highest_over_lowest\":{},\"{p}max_deviation_pct\":{},\"{p}by_inflight\":{{",
-        Num(s.median),
-        Num(s.min),
-        Num(s.max),
-        Num(s.max / s.min),
-        Num(deviation * 100.0)
-    );
-    for (i, (r, ns)) in medians.iter().enumerate() {
-        let _ = write!(
-            line,
-            "{}\"{r}\":{}",
-            if i == 0 { "" } else { "," },
-            Num(*ns)
-        );
+    line.put(format!("{p}ns_median_of_medians"), num(s.median))
+        .put(format!("{p}ns_lowest"), num(s.min))
+        .put(format!("{p}ns_highest"), num(s.max))
+        .put(format!("{p}highest_over_lowest"), num(s.max / s.min))
+        .put(format!("{p}max_deviation_pct"), num(deviation * 100.0));
+    let mut by_inflight = Line::new();
+    for (r, ns) in medians {
+        by_inflight.put(r.to_string(), num(*ns));
     }
-    line.push('}');
+    line.put(format!("{p}by_inflight"), by_inflight.into_map());
 }
 
 /// `kvdrain bench sweep`.
-pub fn main(mut flags: Flags) -> Result<(), Failure> {
-    let notifications = flags.count("notifications", Some(1_000_000))?;
-    let edges_list = parse_list(flags.string("edges-list")?.as_deref().unwrap_or("1,2,8,32"))?;
-    let min = flags.count("min-inflight", Some(64))?;
-    let max = flags.count("max-inflight", Some(65_536))?;
-    let mode = Mode::from_flag(flags.string("mode")?.as_deref())?;
-    let fail_share = flags.f64("fail-share", 0.01)?;
-    let reps = flags.count("reps", Some(11))?;
-    let seed = flags.u64("seed")?.unwrap_or(DEFAULT_SEED);
-    flags.finish()?;
-    if !(0.0..=1.0).contains(&fail_share) {
-        return Err(Failure::Usage("--fail-share must be within [0, 1]".into()));
-    }
+pub fn main(args: &SweepArgs) -> Result<(), Failure> {
+    let SweepArgs {
+        notifications,
+        ref edges_list,
+        min_inflight: min,
+        max_inflight: max,
+        mode,
+        fail_share,
+        reps,
+        seed,
+    } = *args;
+    let mode = Mode::from(mode);
+    let points_per_e = std::iter::successors(Some(min), |r| r.checked_mul(2))
+        .take_while(|&r| r <= max)
+        .count();
+    let progress = crate::progress::bar((points_per_e * edges_list.len()) as u64, "points");
     let counting = alloc::counting();
     let mut failures = Vec::new();
-    for &edges in &edges_list {
+    for &edges in edges_list {
         let mut medians = Vec::new();
         let mut inflight = min;
         while inflight <= max {
@@ -92,14 +73,15 @@ pub fn main(mut flags: Flags) -> Result<(), Failure> {
                 }
                 (kv, fl)
             })?;
-            let mut line = String::new();
-            let spreads = ingest::json_line(&mut line, "kvdrain", &w, &passes, counting);
-            let _ = write!(line, ",\"ledger\":\"{}\"}}", shape.name());
-            println!("{line}");
-            line.clear();
-            let floor_spreads = ingest::json_line(&mut line, "rust-floor", &w, &floor, counting);
-            line.push_str(",\"hasher\":\"rustc-hash 2\"}");
-            println!("{line}");
+            progress.inc(1);
+            let (spreads, floor_spreads) = progress.suspend(|| {
+                let (mut line, spreads) = ingest::json_line("kvdrain", &w, &passes, counting);
+                line.put("ledger", shape.name()).print();
+                let (mut line, floor_spreads) =
+                    ingest::json_line("rust-floor", &w, &floor, counting);
+                line.put("hasher", "rustc-hash 2").print();
+                (spreads, floor_spreads)
+            });
             if let Err(Failure::Check(e) | Failure::Usage(e)) =
                 ingest::check("kvdrain", &w, &passes, counting)
             {
@@ -116,13 +98,12 @@ pub fn main(mut flags: Flags) -> Result<(), Failure> {
         if medians.is_empty() {
             continue;
         }
-        let mut line = String::new();
-        let _ = write!(
-            line,
-            "{{\"sweep\":\"summary\",\"edges\":{edges},\"mode\":\"{}\",\"inflight_min\":{min},\
-\"inflight_max\":{max}",
-            mode.name()
-        );
+        let mut line = Line::new();
+        line.put("sweep", "summary")
+            .put("edges", edges)
+            .put("mode", mode.name())
+            .put("inflight_min", min)
+            .put("inflight_max", max);
         flatness(
             &mut line,
             "",
@@ -135,9 +116,9 @@ pub fn main(mut flags: Flags) -> Result<(), Failure> {
         );
         let floor: Vec<(usize, f64)> = medians.iter().map(|m| (m.0, m.3)).collect();
         flatness(&mut line, "floor_cpu_", &floor);
-        line.push('}');
-        println!("{line}");
+        progress.suspend(|| line.print());
     }
+    progress.finish_and_clear();
     match failures.first() {
         None => Ok(()),
         Some(e) => Err(Failure::Check(e.clone())),

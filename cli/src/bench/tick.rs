@@ -7,14 +7,14 @@
 //! enough that no forced release happens. Timed: T advances of 1 ms that each expire X
 //! requests (`busy`), then T advances with nothing due (`idle`).
 
-use std::fmt::Write as _;
 use std::hint::black_box;
 
 use kvdrain::{BlockHandle, Config, Decision, Expect, Ledger, Registration};
 
+use super::args::TickArgs;
 use super::stream;
 use super::{
-    Clock, Elapsed, Failure, Flags, Num, Spread, alloc, allocations_json, on_big_stack, stack_for,
+    Clock, Elapsed, Failure, Line, Spread, alloc, num, on_big_stack, put_allocations, stack_for,
 };
 
 #[derive(Debug)]
@@ -111,12 +111,13 @@ macro_rules! tick_shapes {
 }
 
 /// `kvdrain bench tick`.
-pub fn main(mut flags: Flags) -> Result<(), Failure> {
-    let inflight = flags.count("inflight", Some(65_536))?;
-    let expiring = flags.count("expiring", Some(4))?;
-    let ticks = flags.count("ticks", Some(4096))?;
-    let reps = flags.count("reps", Some(11))?;
-    flags.finish()?;
+pub fn main(args: &TickArgs) -> Result<(), Failure> {
+    let TickArgs {
+        inflight,
+        expiring,
+        ticks,
+        reps,
+    } = *args;
     if expiring.saturating_mul(ticks) > inflight {
         return Err(Failure::Usage(
             "--expiring × --ticks must not exceed --inflight".into(),
@@ -133,40 +134,41 @@ pub fn main(mut flags: Flags) -> Result<(), Failure> {
         ticks,
         ids: &ids,
     };
+    let progress = crate::progress::bar(reps as u64, "reps");
     let passes = on_big_stack(stack_for(bytes), || {
-        (0..reps).map(|_| pass(&w)).collect::<Vec<_>>()
+        (0..reps)
+            .map(|_| {
+                let p = pass(&w);
+                progress.inc(1);
+                p
+            })
+            .collect::<Vec<_>>()
     })?;
+    progress.finish_and_clear();
     let spread = |f: fn(&TickPass) -> f64| Spread::of(&passes.iter().map(f).collect::<Vec<_>>());
     let busy = spread(|p| p.busy.wall);
     let busy_cpu = spread(|p| p.busy.cpu);
     let idle = spread(|p| p.idle.wall);
     let idle_cpu = spread(|p| p.idle.cpu);
-    let mut out = String::new();
-    let _ = write!(
-        out,
-        "{{\"bench\":\"tick\",\"inflight\":{inflight},\"expiring_per_tick\":{expiring},\
-\"ticks\":{ticks},\"reps\":{reps},\"ledger\":\"Ledger<{n}, 8>\","
-    );
-    busy.json(&mut out, "ns_per_advance", "ns");
-    out.push(',');
-    busy_cpu.json(&mut out, "cpu_ns_per_advance", "cpu_ns");
-    let _ = write!(
-        out,
-        ",\"ns_per_expiry\":{},\"cpu_ns_per_expiry\":{},",
-        Num(busy.median / expiring as f64),
-        Num(busy_cpu.median / expiring as f64)
-    );
-    idle.json(&mut out, "ns_per_idle_advance", "idle_ns");
-    out.push(',');
-    idle_cpu.json(&mut out, "cpu_ns_per_idle_advance", "idle_cpu_ns");
-    out.push(',');
-    allocations_json(
-        &mut out,
+    let mut line = Line::new();
+    line.put("bench", "tick")
+        .put("inflight", inflight)
+        .put("expiring_per_tick", expiring)
+        .put("ticks", ticks)
+        .put("reps", reps)
+        .put("ledger", format!("Ledger<{n}, 8>"));
+    busy.put(&mut line, "ns_per_advance", "ns");
+    busy_cpu.put(&mut line, "cpu_ns_per_advance", "cpu_ns");
+    line.put("ns_per_expiry", num(busy.median / expiring as f64))
+        .put("cpu_ns_per_expiry", num(busy_cpu.median / expiring as f64));
+    idle.put(&mut line, "ns_per_idle_advance", "idle_ns");
+    idle_cpu.put(&mut line, "cpu_ns_per_idle_advance", "idle_cpu_ns");
+    put_allocations(
+        &mut line,
         counting,
         passes.iter().map(|p| p.allocations).sum(),
     );
-    out.push('}');
-    println!("{out}");
+    line.print();
     let want = (expiring * ticks) as u64;
     if let Some(p) = passes.iter().find(|p| p.expired != want || p.other != 0) {
         return Err(Failure::Check(format!(

@@ -3,13 +3,14 @@
 //! producers' [`PushPlan`]s are the real ones; only NIXL is missing.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kvdrain::producer::{PushPlan, Topology};
 use kvdrain::wire::Completion;
 use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Noticed, Registration};
 
-use super::{Options, P_TP, Progress, Summary, pattern};
+use super::report::latency_histogram;
+use super::{Options, P_TP, Percentiles, Progress, Summary, pattern};
 
 /// Runs the demo without NIXL.
 pub fn run(o: &Options) -> Summary {
@@ -28,7 +29,7 @@ pub fn run(o: &Options) -> Summary {
     let mut free: Vec<u64> = (0..o.window as u64).rev().collect();
     let mut request_in_slot: HashMap<u64, u64> = HashMap::new();
     let mut wire: VecDeque<(AgentId, Vec<u8>)> = VecDeque::new();
-    let mut latencies: Vec<Duration> = Vec::new();
+    let mut latencies = latency_histogram();
     let mut s = Summary {
         transport: "in-process memcpy (no NIXL)".to_owned(),
         requests: o.requests,
@@ -95,7 +96,7 @@ pub fn run(o: &Options) -> Summary {
         while let Some((agent, msg)) = wire.pop_front() {
             if let Ok(Noticed::Decided) = ledger.handle_notification(agent, &msg) {
                 ledger.poll(|d| decisions.push(d));
-                latencies.push(received.elapsed());
+                latencies.saturating_record(received.elapsed().as_nanos() as u64);
             }
         }
         let now = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -137,13 +138,7 @@ pub fn run(o: &Options) -> Summary {
     let c = ledger.counters();
     s.completions = c.ingest.completions;
     s.failure_notices = c.ingest.failure_notices;
-    latencies.sort_unstable();
-    let q = |q: f64| {
-        let i = ((q * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len().max(1)) - 1;
-        latencies.get(i).copied()
-    };
-    s.p50 = q(0.5);
-    s.p99 = q(0.99);
+    s.latency = Percentiles::of(&latencies);
     s.wall = start.elapsed();
     s
 }

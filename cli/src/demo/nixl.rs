@@ -11,7 +11,7 @@ use kvdrain_nixl::pool::DramPool;
 use kvdrain_nixl::producer::{Fault, FaultInjector, Offer, SourceBlocks};
 use kvdrain_nixl::testbed::{P_ENGINE, Testbed, TestbedConfig};
 
-use super::{Options, P_TP, Progress, Summary, pattern};
+use super::{Options, P_TP, Percentiles, Progress, Summary, pattern};
 
 /// A run stops waiting after this long without any decision.
 const STALL: Duration = Duration::from_secs(60);
@@ -262,8 +262,17 @@ pub fn run(o: &Options) -> Result<Summary, String> {
     s.failure_notices = c.ingest.failure_notices;
     let landed: u64 = tb.p.pushers.iter().map(|p| p.counters().landed).sum();
     s.bytes = landed * (o.blocks * p_len) as u64;
-    let latency = tb.d.consumer.latency();
-    s.p50 = latency.quantile(0.5);
-    s.p99 = latency.quantile(0.99);
+    s.latency = Percentiles::of(tb.d.consumer.latency().histogram());
+    let metrics = kvdrain_nixl::metrics::Metrics::new();
+    let (core, glue) = (tb.d.consumer.core_counters(), tb.d.consumer.counters());
+    metrics.observe_consumer(&core, &glue, tb.d.consumer.latency());
+    metrics.observe_producers(
+        tb.p.pushers
+            .iter()
+            .map(|p| p.counters())
+            .collect::<Vec<_>>()
+            .iter(),
+    );
+    s.metrics = metrics.encode();
     Ok(s)
 }

@@ -1,8 +1,10 @@
-//! The demo's progress bar and summary table.
+//! The demo's progress bar, latency percentiles and summary table.
 
 use std::fmt;
-use std::io::{IsTerminal, Write};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use indicatif::ProgressBar;
 
 /// What a demo run did.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -29,12 +31,48 @@ pub struct Summary {
     pub completions: u64,
     /// `PUSH_FAIL` notices counted by the tracker.
     pub failure_notices: u64,
-    /// Notification → decision latency, median.
-    pub p50: Option<Duration>,
-    /// Notification → decision latency, 99th percentile.
-    pub p99: Option<Duration>,
+    /// Notification → decision latency.
+    pub latency: Percentiles,
     /// Wall time of the run.
     pub wall: Duration,
+    /// The metrics exposition (OpenMetrics text; empty where the transport has none).
+    pub metrics: String,
+}
+
+/// Latency percentiles read from an HDR histogram of nanoseconds (`None` when empty).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: Option<Duration>,
+    /// 99th percentile.
+    pub p99: Option<Duration>,
+    /// 99.9th percentile.
+    pub p999: Option<Duration>,
+    /// Largest sample.
+    pub max: Option<Duration>,
+}
+
+impl Percentiles {
+    /// Of `histogram` (values in nanoseconds).
+    pub fn of(histogram: &Histogram<u64>) -> Percentiles {
+        if histogram.is_empty() {
+            return Percentiles::default();
+        }
+        let at = |q: f64| Some(Duration::from_nanos(histogram.value_at_quantile(q)));
+        Percentiles {
+            p50: at(0.5),
+            p99: at(0.99),
+            p999: at(0.999),
+            max: Some(Duration::from_nanos(histogram.max())),
+        }
+    }
+}
+
+/// An empty histogram for latencies in nanoseconds (1 ns to an hour, 3 significant
+/// digits); record with `saturating_record`.
+pub fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
+        .unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!()))
 }
 
 impl Summary {
@@ -82,7 +120,13 @@ impl fmt::Display for Summary {
             ),
             (
                 "notification → decision",
-                format!("p50 {}   p99 {}", micros(self.p50), micros(self.p99)),
+                format!(
+                    "p50 {}   p99 {}   p99.9 {}   max {}",
+                    micros(self.latency.p50),
+                    micros(self.latency.p99),
+                    micros(self.latency.p999),
+                    micros(self.latency.max)
+                ),
             ),
             (
                 "throughput",
@@ -115,66 +159,53 @@ impl fmt::Display for Summary {
     }
 }
 
-/// A progress bar on standard error: redrawn in place on a terminal; on a pipe, a line every
-/// two seconds once the run is long. Silent on short piped runs.
+/// The demo's progress bar (indicatif): drawn on standard error when it is a terminal,
+/// silent otherwise.
 #[derive(Debug)]
 pub struct Progress {
-    total: u64,
-    start: Instant,
-    last: Instant,
-    tty: bool,
-    drawn: bool,
+    bar: ProgressBar,
 }
 
 impl Progress {
     /// A bar for `total` requests.
     pub fn new(total: u64) -> Self {
-        let now = Instant::now();
         Progress {
-            total,
-            start: now,
-            last: now,
-            tty: std::io::stderr().is_terminal(),
-            drawn: false,
+            bar: crate::progress::bar(total, "requests"),
         }
     }
 
     /// `done` requests decided so far.
     pub fn update(&mut self, done: u64) {
-        let every = if self.tty {
-            Duration::from_millis(100)
-        } else {
-            Duration::from_secs(2)
-        };
-        if self.last.elapsed() < every {
-            return;
-        }
-        self.last = Instant::now();
-        let frac = done as f64 / self.total.max(1) as f64;
-        let width = 40;
-        let filled = (frac * width as f64) as usize;
-        let line = format!(
-            "[{}{}] {done}/{} ({:.0}%) {:.1} s",
-            "#".repeat(filled),
-            " ".repeat(width - filled.min(width)),
-            self.total,
-            frac * 100.0,
-            self.start.elapsed().as_secs_f64()
-        );
-        let mut err = std::io::stderr().lock();
-        let _ = if self.tty {
-            write!(err, "\r{line}")
-        } else {
-            writeln!(err, "{line}")
-        };
-        let _ = err.flush();
-        self.drawn = true;
+        self.bar.set_position(done);
     }
 
     /// Clears the bar.
     pub fn finish(&mut self) {
-        if self.tty && self.drawn {
-            let _ = write!(std::io::stderr(), "\r{:80}\r", "");
+        self.bar.finish_and_clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Percentiles, latency_histogram};
+
+    #[test]
+    fn percentiles_come_from_the_histogram() {
+        let mut h = latency_histogram();
+        assert_eq!(Percentiles::of(&h), Percentiles::default());
+        for us in 1..=1000 {
+            h.saturating_record(us * 1000);
         }
+        let p = Percentiles::of(&h);
+        let near = |d: Option<Duration>, us: u64| {
+            let ns = d.map_or(0, |d| d.as_nanos() as u64);
+            ns.abs_diff(us * 1000) <= us // within 0.1 %
+        };
+        assert!(near(p.p50, 500), "{p:?}");
+        assert!(near(p.p99, 990), "{p:?}");
+        assert!(near(p.p999, 999), "{p:?}");
+        assert!(near(p.max, 1000), "{p:?}");
     }
 }

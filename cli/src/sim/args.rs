@@ -1,77 +1,134 @@
-//! `kvdrain sim` command-line arguments.
+//! `kvdrain sim` command-line arguments (clap).
 
 use super::cluster::Shape;
 use super::{Broken, SimConfig};
 
-/// The usage line.
-pub const USAGE: &str = "usage: kvdrain sim --seed S --requests N \
-[--p-tp A --p-pp B --d-tp C | --random-topology] \
-[--broken release-on-abort|duplicate-counting]";
+/// `kvdrain sim` arguments.
+#[derive(Debug, Clone, clap::Args)]
+#[command(after_help = "\
+Prints one JSON line ({\"requests\":N,\"violations\":0,\"faults\":{...},\"decisions\":{...},...});
+exit status 0 without violations, 1 with (each printed on stderr with its step and the
+command that reproduces it), 2 on bad arguments.
 
-fn number<T: std::str::FromStr>(flag: &str, value: Option<&String>) -> Result<T, String> {
-    let value = value.ok_or_else(|| format!("{flag} needs a value"))?;
-    value
-        .parse()
-        .map_err(|_| format!("{flag}: {value:?} is not a valid number"))
+Example:
+  kvdrain sim --seed 7 --requests 100000 --random-topology
+  kvdrain sim --seed 3 --requests 2000 --p-tp 4 --p-pp 2 --d-tp 2")]
+pub struct SimArgs {
+    /// Seed of everything random (a seed replays the same run).
+    #[arg(long, value_name = "S")]
+    pub seed: u64,
+    /// Client requests to simulate.
+    #[arg(long, value_name = "N")]
+    pub requests: u64,
+    /// Producer tensor-parallel size.
+    #[arg(
+        long,
+        value_name = "A",
+        default_value_t = 2,
+        conflicts_with = "random_topology"
+    )]
+    pub p_tp: u16,
+    /// Producer pipeline-parallel size.
+    #[arg(
+        long,
+        value_name = "B",
+        default_value_t = 1,
+        conflicts_with = "random_topology"
+    )]
+    pub p_pp: u16,
+    /// Consumer tensor-parallel size.
+    #[arg(
+        long,
+        value_name = "C",
+        default_value_t = 1,
+        conflicts_with = "random_topology"
+    )]
+    pub d_tp: u16,
+    /// Draw a mixed topology per engine from the seed instead of the sizes.
+    #[arg(long)]
+    pub random_topology: bool,
+    /// Swap in a deliberately broken consumer, to show the checks fail.
+    #[arg(long, value_enum, value_name = "VARIANT")]
+    pub broken: Option<BrokenArg>,
 }
 
-/// Parses the arguments after `sim`.
-///
-/// # Errors
-/// What is wrong with them.
-pub fn parse(args: &[String]) -> Result<SimConfig, String> {
-    let mut seed = None;
-    let mut requests = None;
-    let (mut p_tp, mut p_pp, mut d_tp) = (None, None, None);
-    let mut random = false;
-    let mut broken = None;
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        match flag.as_str() {
-            "--seed" => seed = Some(number(flag, it.next())?),
-            "--requests" => requests = Some(number(flag, it.next())?),
-            "--p-tp" => p_tp = Some(number(flag, it.next())?),
-            "--p-pp" => p_pp = Some(number(flag, it.next())?),
-            "--d-tp" => d_tp = Some(number(flag, it.next())?),
-            "--random-topology" => random = true,
-            "--broken" => match it.next().map(String::as_str) {
-                Some("release-on-abort") => broken = Some(Broken::ReleaseOnAbort),
-                Some("duplicate-counting") => broken = Some(Broken::DuplicateCounting),
-                other => return Err(format!("--broken: unknown variant {other:?}")),
-            },
-            other => return Err(format!("unknown argument {other:?}")),
+/// `--broken` variants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BrokenArg {
+    /// Hands the blocks back at the abort instead of waiting for `released`.
+    ReleaseOnAbort,
+    /// Repeats notices to counting-mode requests too (vLLM's counting semantics).
+    DuplicateCounting,
+}
+
+impl SimArgs {
+    /// The simulation these arguments ask for.
+    pub fn config(&self) -> SimConfig {
+        let shape = if self.random_topology {
+            Shape::Random
+        } else {
+            Shape::Fixed {
+                p_tp: self.p_tp,
+                p_pp: self.p_pp,
+                d_tp: self.d_tp,
+            }
+        };
+        SimConfig {
+            seed: self.seed,
+            requests: self.requests,
+            shape,
+            broken: self.broken.map(|b| match b {
+                BrokenArg::ReleaseOnAbort => Broken::ReleaseOnAbort,
+                BrokenArg::DuplicateCounting => Broken::DuplicateCounting,
+            }),
+            rates: super::Rates::default(),
         }
     }
-    let fixed = p_tp.is_some() || p_pp.is_some() || d_tp.is_some();
-    let shape = match (random, fixed) {
-        (true, true) => return Err("give --random-topology or the sizes, not both".into()),
-        (true, false) => Shape::Random,
-        (false, _) => Shape::Fixed {
-            p_tp: p_tp.unwrap_or(2),
-            p_pp: p_pp.unwrap_or(1),
-            d_tp: d_tp.unwrap_or(1),
-        },
-    };
-    Ok(SimConfig {
-        seed: seed.ok_or("--seed is required")?,
-        requests: requests.ok_or("--requests is required")?,
-        shape,
-        broken,
-        rates: super::Rates::default(),
-    })
+
+    /// The arguments as a command line that reproduces the run.
+    pub fn command_line(&self) -> String {
+        let mut line = format!(
+            "kvdrain sim --seed {} --requests {}",
+            self.seed, self.requests
+        );
+        if self.random_topology {
+            line.push_str(" --random-topology");
+        } else {
+            let sizes = format!(
+                " --p-tp {} --p-pp {} --d-tp {}",
+                self.p_tp, self.p_pp, self.d_tp
+            );
+            line.push_str(&sizes);
+        }
+        match self.broken {
+            Some(BrokenArg::ReleaseOnAbort) => line.push_str(" --broken release-on-abort"),
+            Some(BrokenArg::DuplicateCounting) => line.push_str(" --broken duplicate-counting"),
+            None => {}
+        }
+        line
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Shape, parse};
+    use clap::Parser;
 
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
+    use super::{Shape, SimArgs};
+
+    #[derive(Debug, Parser)]
+    struct Sim {
+        #[command(flatten)]
+        args: SimArgs,
+    }
+
+    fn parse(s: &str) -> Result<SimArgs, clap::Error> {
+        Sim::try_parse_from(std::iter::once("sim").chain(s.split_whitespace())).map(|s| s.args)
     }
 
     #[test]
     fn fixed_random_and_errors() {
-        let c = parse(&args("--seed 3 --requests 10 --p-tp 4 --d-tp 2")).unwrap();
+        let a = parse("--seed 3 --requests 10 --p-tp 4 --d-tp 2").expect("valid");
+        let c = a.config();
         assert_eq!((c.seed, c.requests), (3, 10));
         let fixed = Shape::Fixed {
             p_tp: 4,
@@ -79,11 +136,15 @@ mod tests {
             d_tp: 2,
         };
         assert_eq!(c.shape, fixed);
-        let c = parse(&args("--seed 1 --requests 1 --random-topology")).unwrap();
-        assert_eq!(c.shape, Shape::Random);
-        assert!(parse(&args("--requests 1")).is_err());
-        assert!(parse(&args("--seed 1 --requests 1 --random-topology --p-tp 2")).is_err());
-        assert!(parse(&args("--seed 1 --requests x")).is_err());
-        assert!(parse(&args("--seed 1 --requests 1 --broken nope")).is_err());
+        assert_eq!(
+            a.command_line(),
+            "kvdrain sim --seed 3 --requests 10 --p-tp 4 --p-pp 1 --d-tp 2"
+        );
+        let c = parse("--seed 1 --requests 1 --random-topology").expect("valid");
+        assert_eq!(c.config().shape, Shape::Random);
+        assert!(parse("--requests 1").is_err());
+        assert!(parse("--seed 1 --requests 1 --random-topology --p-tp 2").is_err());
+        assert!(parse("--seed 1 --requests x").is_err());
+        assert!(parse("--seed 1 --requests 1 --broken nope").is_err());
     }
 }

@@ -1,8 +1,6 @@
 //! The fault classes the simulation injects (catalogue ids from the protocol reference,
 //! §9), how often, and how many times each was actually exercised.
 
-use std::fmt::Write as _;
-
 /// Injection rates in parts per million of the chances each fault gets.
 #[derive(Clone, Copy, Debug)]
 pub struct Rates {
@@ -165,16 +163,5 @@ impl Faults {
             ("table_full", self.table_full),
             ("duplicate_registration", self.duplicate_registration),
         ]
-    }
-
-    /// A JSON object of the counts.
-    pub fn to_json(&self) -> String {
-        let mut out = String::from("{");
-        for (i, (name, n)) in self.entries().iter().enumerate() {
-            let sep = if i == 0 { "" } else { "," };
-            let _ = write!(out, "{sep}\"{name}\":{n}");
-        }
-        out.push('}');
-        out
     }
 }

@@ -35,7 +35,7 @@ mod world;
 
 use std::process::ExitCode;
 
-pub use args::USAGE;
+pub use args::SimArgs;
 pub use cluster::Shape;
 pub use faults::{Faults, Rates};
 pub use report::{Decisions, Report, Violation};
@@ -87,16 +87,23 @@ pub fn run(config: SimConfig) -> Result<Report, String> {
     Ok(world::World::new(config)?.run())
 }
 
+/// Above this many requests `kvdrain sim` shows a progress spinner (on a terminal).
+pub const PROGRESS_ABOVE: u64 = 100_000;
+
 /// `kvdrain sim` entry point: 0 without violations, 1 with, 2 on bad arguments.
-pub fn main(args: &[String]) -> ExitCode {
-    let config = match args::parse(args) {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("kvdrain sim: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    let report = match run(config) {
+pub fn main(args: &SimArgs) -> ExitCode {
+    let config = args.config();
+    let progress = (config.requests > PROGRESS_ABOVE).then(|| {
+        crate::progress::spinner(format!(
+            "simulating {} requests (seed {})",
+            config.requests, config.seed
+        ))
+    });
+    let report = run(config);
+    if let Some(bar) = progress {
+        bar.finish_and_clear();
+    }
+    let report = match report {
         Ok(report) => report,
         Err(e) => {
             eprintln!("kvdrain sim: {e}");
@@ -113,9 +120,6 @@ pub fn main(args: &[String]) -> ExitCode {
     if report.violations > report.first_violations.len() as u64 {
         eprintln!("kvdrain sim: ... {} violations in all", report.violations);
     }
-    eprintln!(
-        "kvdrain sim: reproduce with: kvdrain sim {}",
-        args.join(" ")
-    );
+    eprintln!("kvdrain sim: reproduce with: {}", args.command_line());
     ExitCode::from(1)
 }

@@ -1,14 +1,16 @@
 //! What a run found: decision counts, fault counts, and every violation of the invariants
 //! with the step that broke it.
 
-use std::fmt::{self, Write as _};
+use std::fmt;
 
 use kvdrain::{IgnoreReason, Millis};
+use serde::{Serialize, Serializer};
 
 use super::faults::Faults;
 
-/// Every decision and refusal the consumers' trackers took, summed over decode ranks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Every decision and refusal the consumers' trackers took, summed over decode ranks
+/// (serialised with its fields in this order).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Decisions {
     /// `completed`.
     pub completed: u64,
@@ -131,23 +133,38 @@ impl Report {
 
     /// The one JSON line the command prints.
     pub fn to_json(&self) -> String {
-        let mut out = String::new();
-        let _ = write!(
-            out,
-            "{{\"requests\":{},\"violations\":{},\"faults\":{},\"decisions\":{{",
-            self.requests,
-            self.violations,
-            self.faults.to_json()
-        );
-        for (i, (name, n)) in self.decisions.entries().iter().enumerate() {
-            let sep = if i == 0 { "" } else { "," };
-            let _ = write!(out, "{sep}\"{name}\":{n}");
-        }
-        let _ = write!(
-            out,
-            "}},\"seed\":{},\"topology\":\"{}\",\"steps\":{},\"virtual_ms\":{}}}",
-            self.seed, self.topology, self.steps, self.virtual_ms
-        );
-        out
+        let line = Line {
+            requests: self.requests,
+            violations: self.violations,
+            faults: FaultCounts(&self.faults),
+            decisions: &self.decisions,
+            seed: self.seed,
+            topology: &self.topology,
+            steps: self.steps,
+            virtual_ms: self.virtual_ms,
+        };
+        serde_json::to_string(&line).unwrap_or_default()
+    }
+}
+
+/// The printed line: these keys, in this order.
+#[derive(Serialize)]
+struct Line<'a> {
+    requests: u64,
+    violations: u64,
+    faults: FaultCounts<'a>,
+    decisions: &'a Decisions,
+    seed: u64,
+    topology: &'a str,
+    steps: u64,
+    virtual_ms: Millis,
+}
+
+/// The fault counts as an object, in [`Faults::entries`] order.
+struct FaultCounts<'a>(&'a Faults);
+
+impl Serialize for FaultCounts<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.entries())
     }
 }
