@@ -1,0 +1,45 @@
+//! # kvdrain for Python
+//!
+//! The extension module `kvdrain._kvdrain` of the Python package `kvdrain` (the rest of
+//! the package is pure Python: `kvdrain/__init__.py`, the exceptions, the vLLM adapter).
+//!
+//! ```text
+//!            register(id, blocks, expect)            every edge landed
+//!  Python ─────────────────────────────▶ COUNTING ──────────────────────▶ Decision("completed")
+//!   engine thread                          │  │    all resolved, ≥1 failed
+//!                                          │  └──────────────────────────▶ "failed" ─▶ "released"
+//!   writer thread: feed(get_new_notifs())  │  abort / deadline                            ▲
+//!   ─────────────────────────────────────▶ ▼                                              │
+//!                                     "aborted" / "expired" ── edges resolved / quarantine ┘
+//! ```
+//!
+//! Drive contract (the core's, seen from Python): the writer thread calls
+//! `Ledger.feed` (`src/ledger.rs`) with each batch NIXL hands over; the engine thread
+//! registers, calls `poll` and `advance(now_ms)` every step, and `abort`/`fence` when it
+//! must. Decisions come back as `kvdrain.Decision` objects carrying the caller's own
+//! `request_id` and `blocks` objects.
+//!
+//! Threads: the pyclass is `frozen`; the ledger's ingest half and engine half are each
+//! behind their own lock (`src/tracker.rs`), so feeding and deciding never wait for each other,
+//! and a thread that must wait does so with the GIL released (`src/lock.rs`).
+
+mod agents;
+mod decision;
+mod errors;
+mod ledger;
+mod lock;
+mod producer;
+mod tracker;
+
+use pyo3::prelude::*;
+
+/// The extension module.
+#[pymodule]
+fn _kvdrain(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<ledger::PyLedger>()?;
+    m.add_class::<decision::Decision>()?;
+    m.add_class::<producer::PyPushPlan>()?;
+    m.add("TABLE_SIZES", ledger::TABLE_SIZES.to_vec())?;
+    m.add("MAX_EDGES", tracker::EDGES)?;
+    Ok(())
+}

@@ -1,0 +1,352 @@
+//! The ledger's two halves on the heap, each behind its own lock, for every table size the
+//! module offers.
+//!
+//! [`Halves<N>`] owns a boxed [`Ledger<N, EDGES>`] and the [`Ingest`] and [`Engine`] halves
+//! split from it (a self-referential holder: the halves borrow the box, which never moves
+//! and outlives them). The ingest half is locked by the thread that feeds NIXL batches and
+//! the engine half by the thread that registers, polls and advances, so the two never wait
+//! for each other: their only meeting point is the core's lock-free split.
+//!
+//! [`Tracker`] erases `N` so that one Python class can hold any table size; each method
+//! works on a whole batch, so the dynamic call is paid once per batch.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use kvdrain::{
+    AbortError, AgentId, BlockHandle, ClockError, Config, Decision as CoreDecision, Engine,
+    EngineCounters, Expect, Ingest, IngestCounters, Ledger, Outstanding, RegisterErrorKind,
+    Registration,
+};
+use ouroboros::self_referencing;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString};
+
+use crate::decision::Kind;
+use crate::lock::lock;
+
+/// Named edges per request in every table the module builds (counting mode allows up to
+/// 64 notices whatever this is).
+pub(crate) const EDGES: usize = 8;
+
+/// What the engine side keeps of a registration until its last decision.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) id: Py<PyString>,
+    pub(crate) blocks: Py<PyAny>,
+    /// Named-edge mode: the agents in registration order (bit `i` of
+    /// [`Outstanding::Edges`] is `agents[i]`); empty in counting mode.
+    pub(crate) agents: Box<[AgentId]>,
+}
+
+impl Entry {
+    fn clone_ref(&self, py: Python<'_>) -> Entry {
+        Entry {
+            id: self.id.clone_ref(py),
+            blocks: self.blocks.clone_ref(py),
+            agents: self.agents.clone(),
+        }
+    }
+}
+
+/// A decision taken under the engine lock; it becomes a Python object after the lock is
+/// released.
+#[derive(Debug)]
+pub(crate) struct Taken {
+    pub(crate) kind: Kind,
+    pub(crate) entry: Entry,
+    pub(crate) at_ms: u64,
+    pub(crate) forced: bool,
+    pub(crate) outstanding: Option<Outstanding>,
+}
+
+/// One NIXL batch, sender by sender: `(agent number, the dict key, its messages)`.
+pub(crate) type Batch<'py> = [(AgentId, Bound<'py, PyAny>, Bound<'py, PyList>)];
+
+/// What a batch gave back: producer-bound messages `(dict key, message)`, untouched, and
+/// how many entries were not `bytes`.
+#[derive(Debug, Default)]
+pub(crate) struct Fed<'py> {
+    pub(crate) producer_bound: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    pub(crate) decided: u32,
+}
+
+/// The table-size-independent face of [`Halves`].
+pub(crate) trait Tracker: Send + Sync {
+    /// Feeds every message of a batch to the ingest half.
+    fn feed<'py>(&self, py: Python<'py>, batch: &Batch<'py>) -> Fed<'py>;
+    /// Registers a request with the engine half.
+    fn register(
+        &self,
+        py: Python<'_>,
+        entry: Entry,
+        expect_count: Option<u8>,
+        deadline_ms: Option<u64>,
+    ) -> PyResult<Result<(), (RegisterErrorKind, Entry)>>;
+    /// Decisions the ingest half made ready.
+    fn poll(&self, py: Python<'_>) -> Vec<Taken>;
+    /// Moves the clock; deadlines and quarantine ends fire.
+    fn advance(&self, py: Python<'_>, now_ms: u64) -> Result<Vec<Taken>, ClockError>;
+    /// Aborts a request by id.
+    fn abort(&self, py: Python<'_>, id: &str) -> Result<Taken, AbortError>;
+    /// Resolves every outstanding named edge of `agent` as failed.
+    fn fence(&self, py: Python<'_>, agent: AgentId) -> (u32, Vec<Taken>);
+    /// Both halves' counters plus the entries that were not `bytes`.
+    fn counters(&self, py: Python<'_>) -> (IngestCounters, u64, EngineCounters);
+    /// Clock, next timer, requests tracked.
+    fn clock(&self, py: Python<'_>) -> (u64, Option<u64>, usize);
+}
+
+/// What the ingest lock guards.
+#[derive(Debug)]
+struct IngestSide<'l, const N: usize> {
+    ingest: Ingest<'l, N, EDGES>,
+    not_bytes: u64,
+}
+
+/// What the engine lock guards.
+#[derive(Debug)]
+struct EngineSide<'l, const N: usize> {
+    engine: Engine<'l, N, EDGES>,
+    /// Live registrations by request key.
+    requests: HashMap<u64, Entry>,
+    /// Reused buffer for the core's decisions.
+    scratch: Vec<CoreDecision>,
+}
+
+#[derive(Debug)]
+struct Sides<'l, const N: usize> {
+    ingest: Mutex<IngestSide<'l, N>>,
+    engine: Mutex<EngineSide<'l, N>>,
+}
+
+/// A heap ledger of `N` requests and its two halves.
+#[self_referencing]
+pub(crate) struct Halves<const N: usize> {
+    ledger: Box<Ledger<N, EDGES>>,
+    #[borrows(mut ledger)]
+    #[not_covariant]
+    sides: Sides<'this, N>,
+}
+
+impl<const N: usize> std::fmt::Debug for Halves<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Halves")
+            .field("N", &N)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a `Ledger<N, EDGES>` and splits it. [`Ledger::new`] builds the value on the
+/// stack (13 MiB at `N` = 65 536), so this runs on a thread whose stack has room for it.
+pub(crate) fn build<const N: usize>(config: Config) -> std::io::Result<Box<dyn Tracker>> {
+    let bytes = std::mem::size_of::<Ledger<N, EDGES>>();
+    std::thread::Builder::new()
+        .name("kvdrain-ledger".into())
+        .stack_size(bytes * 4 + (4 << 20))
+        .spawn(move || -> Box<dyn Tracker> {
+            let ledger = Box::new(Ledger::<N, EDGES>::new(config));
+            Box::new(
+                HalvesBuilder {
+                    ledger,
+                    sides_builder: |ledger: &mut Box<Ledger<N, EDGES>>| {
+                        let (ingest, engine) = ledger.split();
+                        Sides {
+                            ingest: Mutex::new(IngestSide {
+                                ingest,
+                                not_bytes: 0,
+                            }),
+                            engine: Mutex::new(EngineSide {
+                                engine,
+                                requests: HashMap::new(),
+                                scratch: Vec::new(),
+                            }),
+                        }
+                    },
+                }
+                .build(),
+            )
+        })?
+        .join()
+        .map_err(|_| std::io::Error::other("building the ledger panicked"))
+}
+
+impl<const N: usize> EngineSide<'_, N> {
+    /// Turns the core's decisions in `scratch` into [`Taken`]s; completed and released
+    /// requests leave the table.
+    fn take(&mut self, py: Python<'_>, out: &mut Vec<Taken>) {
+        let at_ms = self.engine.now();
+        for d in self.scratch.drain(..) {
+            let key = d.key().get();
+            let (kind, entry, forced, outstanding) = match d {
+                CoreDecision::Completed(drained) => {
+                    let BlockHandle(_) = drained.into_decode();
+                    (Kind::Completed, self.requests.remove(&key), false, None)
+                }
+                CoreDecision::Failed(_) => (
+                    Kind::Failed,
+                    self.requests.get(&key).map(|e| e.clone_ref(py)),
+                    false,
+                    None,
+                ),
+                CoreDecision::Expired(q) => (
+                    Kind::Expired,
+                    self.requests.get(&key).map(|e| e.clone_ref(py)),
+                    false,
+                    Some(q.outstanding()),
+                ),
+                CoreDecision::Released(r) => {
+                    let forced = r.forced();
+                    let BlockHandle(_) = r.into_free();
+                    (Kind::Released, self.requests.remove(&key), forced, None)
+                }
+            };
+            // Every key the core decides was registered here; a missing one would be a
+            // bookkeeping bug, and there is no request to tell the caller about.
+            if let Some(entry) = entry {
+                out.push(Taken {
+                    kind,
+                    entry,
+                    at_ms,
+                    forced,
+                    outstanding,
+                });
+            }
+        }
+    }
+}
+
+impl<const N: usize> Tracker for Halves<N> {
+    fn feed<'py>(&self, py: Python<'py>, batch: &Batch<'py>) -> Fed<'py> {
+        let mut fed = Fed::default();
+        self.with_sides(|sides| {
+            let mut side = lock(py, &sides.ingest);
+            for (agent, key, messages) in batch {
+                for message in messages.iter() {
+                    let Ok(bytes) = message.cast::<PyBytes>() else {
+                        side.not_bytes += 1;
+                        continue;
+                    };
+                    match side.ingest.handle_notification(*agent, bytes.as_bytes()) {
+                        Ok(kvdrain::Noticed::Decided) => fed.decided += 1,
+                        Ok(kvdrain::Noticed::Counted) => {}
+                        Err(ignored) => {
+                            if ignored.reason == kvdrain::IgnoreReason::NotForConsumer {
+                                fed.producer_bound.push((key.clone(), message.clone()));
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        fed
+    }
+
+    fn register(
+        &self,
+        py: Python<'_>,
+        entry: Entry,
+        expect_count: Option<u8>,
+        deadline_ms: Option<u64>,
+    ) -> PyResult<Result<(), (RegisterErrorKind, Entry)>> {
+        let id = entry.id.bind(py).to_str()?.to_owned();
+        Ok(self.with_sides(|sides| {
+            let mut side = lock(py, &sides.engine);
+            let expect = match expect_count {
+                Some(n) => Expect::Count(n),
+                None => Expect::Edges(&entry.agents),
+            };
+            let registration = Registration {
+                id: &id,
+                blocks: BlockHandle(0),
+                expect,
+                deadline_ms,
+            };
+            match side.engine.register(registration) {
+                Ok(ticket) => {
+                    side.requests.insert(ticket.key().get(), entry);
+                    Ok(())
+                }
+                Err(e) => Err((e.kind, entry)),
+            }
+        }))
+    }
+
+    fn poll(&self, py: Python<'_>) -> Vec<Taken> {
+        let mut out = Vec::new();
+        self.with_sides(|sides| {
+            let mut side = lock(py, &sides.engine);
+            let side = &mut *side;
+            let scratch = &mut side.scratch;
+            side.engine.poll(|d| scratch.push(d));
+            side.take(py, &mut out);
+        });
+        out
+    }
+
+    fn advance(&self, py: Python<'_>, now_ms: u64) -> Result<Vec<Taken>, ClockError> {
+        let mut out = Vec::new();
+        self.with_sides(|sides| {
+            let mut side = lock(py, &sides.engine);
+            let side = &mut *side;
+            let scratch = &mut side.scratch;
+            side.engine.advance(now_ms, |d| scratch.push(d))?;
+            side.take(py, &mut out);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn abort(&self, py: Python<'_>, id: &str) -> Result<Taken, AbortError> {
+        self.with_sides(|sides| {
+            let mut side = lock(py, &sides.engine);
+            let q = side.engine.abort_id(id)?;
+            let entry = side.requests.get(&q.key().get()).map(|e| e.clone_ref(py));
+            // A request the core tracks is always in the table; if it were not, the abort
+            // would concern nothing the caller registered.
+            let entry = entry.ok_or(AbortError::Unknown)?;
+            Ok(Taken {
+                kind: Kind::Aborted,
+                entry,
+                at_ms: side.engine.now(),
+                forced: false,
+                outstanding: Some(q.outstanding()),
+            })
+        })
+    }
+
+    fn fence(&self, py: Python<'_>, agent: AgentId) -> (u32, Vec<Taken>) {
+        let mut out = Vec::new();
+        let resolved = self.with_sides(|sides| {
+            let mut side = lock(py, &sides.engine);
+            let side = &mut *side;
+            let scratch = &mut side.scratch;
+            let resolved = side.engine.fence(agent, |d| scratch.push(d));
+            side.take(py, &mut out);
+            resolved
+        });
+        (resolved, out)
+    }
+
+    fn counters(&self, py: Python<'_>) -> (IngestCounters, u64, EngineCounters) {
+        self.with_sides(|sides| {
+            let (ingest, not_bytes) = {
+                let side = lock(py, &sides.ingest);
+                (*side.ingest.counters(), side.not_bytes)
+            };
+            let engine = *lock(py, &sides.engine).engine.counters();
+            (ingest, not_bytes, engine)
+        })
+    }
+
+    fn clock(&self, py: Python<'_>) -> (u64, Option<u64>, usize) {
+        self.with_sides(|sides| {
+            let side = lock(py, &sides.engine);
+            (
+                side.engine.now(),
+                side.engine.next_timer(),
+                side.engine.len(),
+            )
+        })
+    }
+}
