@@ -33,7 +33,7 @@ impl Kind {
 
 /// A decision: `kind` says what, `request_id` and `blocks` say about which request (the
 /// very objects given to `register`), `forced` and `outstanding` say more where they apply.
-#[pyclass(frozen, module = "kvdrain", name = "Decision")]
+#[pyclass(frozen, freelist = 1024, module = "kvdrain", name = "Decision")]
 #[derive(Debug)]
 pub(crate) struct Decision {
     pub(crate) kind: Kind,
@@ -50,8 +50,15 @@ pub(crate) struct Decision {
 impl Decision {
     /// `"completed"`, `"failed"`, `"expired"`, `"aborted"` or `"released"`.
     #[getter]
-    fn kind(&self) -> &'static str {
-        self.kind.as_str()
+    fn kind<'py>(&self, py: Python<'py>) -> Bound<'py, PyString> {
+        let word = match self.kind {
+            Kind::Completed => pyo3::intern!(py, "completed"),
+            Kind::Failed => pyo3::intern!(py, "failed"),
+            Kind::Expired => pyo3::intern!(py, "expired"),
+            Kind::Aborted => pyo3::intern!(py, "aborted"),
+            Kind::Released => pyo3::intern!(py, "released"),
+        };
+        word.clone()
     }
 
     /// The request id given to `register` (the same object).

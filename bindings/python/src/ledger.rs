@@ -91,6 +91,51 @@ impl PyLedger {
         )
     }
 
+    fn register_one(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyString>,
+        blocks: &Bound<'_, PyAny>,
+        expect: &ExpectArg,
+        deadline_ms: Option<u64>,
+    ) -> PyResult<()> {
+        let (count, agents) = match expect {
+            ExpectArg::Count(n) => (Some(*n), Box::default()),
+            ExpectArg::Agents(agents) => (None, agents.clone()),
+        };
+        let entry = Entry {
+            id: request_id.clone().unbind(),
+            blocks: blocks.clone().unbind(),
+            agents,
+        };
+        match self.tracker.register(py, entry, count, deadline_ms)? {
+            Ok(()) => Ok(()),
+            Err((kind, entry)) => Err(self.refusal(kind, entry)),
+        }
+    }
+
+    /// The exception for a refused registration, carrying what was refused.
+    fn refusal(&self, kind: RegisterErrorKind, entry: Entry) -> PyErr {
+        Python::attach(|py| {
+            let id = entry.id.bind(py).to_string_lossy().into_owned();
+            match kind {
+                RegisterErrorKind::Full => FullError::new_err((
+                    format!("table full ({} requests): {id:?} refused", self.capacity),
+                    entry.id,
+                    entry.blocks,
+                )),
+                RegisterErrorKind::DuplicateId => DuplicateRequestError::new_err((
+                    format!("request {id:?} is tracked already"),
+                    entry.id,
+                )),
+                _ => InvalidExpectError::new_err((
+                    format!("registration of {id:?} refused: invalid expect"),
+                    entry.id,
+                )),
+            }
+        })
+    }
+
     fn expect_arg(
         &self,
         py: Python<'_>,
@@ -249,37 +294,56 @@ impl PyLedger {
         expect: &Bound<'_, PyAny>,
         deadline_ms: Option<u64>,
     ) -> PyResult<()> {
-        let (count, agents) = match self.expect_arg(py, request_id, expect)? {
-            ExpectArg::Count(n) => (Some(n), Box::default()),
-            ExpectArg::Agents(agents) => (None, agents),
-        };
-        let entry = Entry {
-            id: request_id.clone().unbind(),
-            blocks: blocks.clone().unbind(),
-            agents,
-        };
-        match self.tracker.register(py, entry, count, deadline_ms)? {
+        let expect = self.expect_arg(py, request_id, expect)?;
+        self.register_one(py, request_id, blocks, &expect, deadline_ms)
+    }
+
+    /// Registers `request_ids[i]` with `blocks[i]`, all with the same `expect`, in order
+    /// (vLLM's `start_load_kv` registers a step's requests together). On the first refusal
+    /// it raises as `register` does: the requests before it stay registered, the ones
+    /// after it are not.
+    #[pyo3(signature = (request_ids, blocks, expect, *, deadline_ms = None))]
+    fn register_many(
+        &self,
+        py: Python<'_>,
+        request_ids: &Bound<'_, PyAny>,
+        blocks: &Bound<'_, PyAny>,
+        expect: &Bound<'_, PyAny>,
+        deadline_ms: Option<u64>,
+    ) -> PyResult<()> {
+        let mut blocks = blocks.try_iter()?;
+        let mut parsed: Option<ExpectArg> = None;
+        let mut entries = Vec::new();
+        for request_id in request_ids.try_iter()? {
+            let request_id = request_id?;
+            let request_id = request_id.cast::<PyString>()?;
+            let Some(block) = blocks.next() else {
+                return Err(InvalidExpectError::new_err((
+                    "register_many: fewer blocks than request ids",
+                    request_id.clone().unbind(),
+                )));
+            };
+            let expect = match &parsed {
+                Some(e) => e,
+                None => parsed.insert(self.expect_arg(py, request_id, expect)?),
+            };
+            let (count, agents) = match expect {
+                ExpectArg::Count(n) => (Some(*n), Box::default()),
+                ExpectArg::Agents(agents) => (None, agents.clone()),
+            };
+            let entry = Entry {
+                id: request_id.clone().unbind(),
+                blocks: block?.unbind(),
+                agents,
+            };
+            entries.push((entry, count));
+        }
+        let mut entries = entries.into_iter();
+        let refused = self.tracker.register_many(py, &mut entries, deadline_ms)?;
+        drop(entries); // the ones after a refusal, dropped with no lock held
+        match refused {
             Ok(()) => Ok(()),
-            Err((RegisterErrorKind::Full, entry)) => Err(FullError::new_err((
-                format!(
-                    "table full ({} requests): {:?} refused",
-                    self.capacity,
-                    request_id.to_str()?
-                ),
-                entry.id,
-                entry.blocks,
-            ))),
-            Err((RegisterErrorKind::DuplicateId, entry)) => Err(DuplicateRequestError::new_err((
-                format!("request {:?} is tracked already", request_id.to_str()?),
-                entry.id,
-            ))),
-            Err((_, entry)) => Err(InvalidExpectError::new_err((
-                format!(
-                    "registration of {:?} refused: invalid expect",
-                    request_id.to_str()?
-                ),
-                entry.id,
-            ))),
+            Err((kind, entry)) => Err(self.refusal(kind, entry)),
         }
     }
 
@@ -340,6 +404,25 @@ impl PyLedger {
     fn poll<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let taken = self.tracker.poll(py);
         self.decisions(py, taken)
+    }
+
+    /// `poll` for the hot path: the ids of the completed requests (the `request_id`
+    /// objects given to `register`, no `Decision` made for them), and every other
+    /// decision as a `Decision`, each list in the order taken.
+    fn poll_split<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
+        let mut completed = Vec::new();
+        let mut others = Vec::new();
+        for t in self.tracker.poll(py) {
+            if t.kind == crate::decision::Kind::Completed {
+                completed.push(t.entry.id);
+            } else {
+                others.push(self.decision(py, t)?);
+            }
+        }
+        Ok((PyList::new(py, completed)?, PyList::new(py, others)?))
     }
 
     /// Moves the clock to `now_ms`; returns the decisions of the deadlines, quarantine

@@ -11,6 +11,7 @@
 //! works on a whole batch, so the dynamic call is paid once per batch.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
 
 use kvdrain::{
@@ -28,6 +29,30 @@ use crate::lock::lock;
 /// Named edges per request in every table the module builds (counting mode allows up to
 /// 64 notices whatever this is).
 pub(crate) const EDGES: usize = 8;
+
+/// Hashes the core's request keys (unique, increasing `u64`s) with one multiplication:
+/// nobody outside chooses them, so no keyed hash is needed.
+#[derive(Default, Clone, Copy, Debug)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// Live registrations by request key.
+type Requests = HashMap<u64, Entry, BuildHasherDefault<KeyHasher>>;
 
 /// What the engine side keeps of a registration until its last decision.
 #[derive(Debug)]
@@ -83,6 +108,15 @@ pub(crate) trait Tracker: Send + Sync {
         expect_count: Option<u8>,
         deadline_ms: Option<u64>,
     ) -> PyResult<Result<(), (RegisterErrorKind, Entry)>>;
+    /// Registers each `(entry, count)` in order under one lock; stops at the first refusal
+    /// and hands back its position, why, and the refused entry. The entries after it are
+    /// left in `entries`.
+    fn register_many(
+        &self,
+        py: Python<'_>,
+        entries: &mut std::vec::IntoIter<(Entry, Option<u8>)>,
+        deadline_ms: Option<u64>,
+    ) -> PyResult<Result<(), (RegisterErrorKind, Entry)>>;
     /// Decisions the ingest half made ready.
     fn poll(&self, py: Python<'_>) -> Vec<Taken>;
     /// Moves the clock; deadlines and quarantine ends fire.
@@ -109,7 +143,7 @@ struct IngestSide<'l, const N: usize> {
 struct EngineSide<'l, const N: usize> {
     engine: Engine<'l, N, EDGES>,
     /// Live registrations by request key.
-    requests: HashMap<u64, Entry>,
+    requests: Requests,
     /// Reused buffer for the core's decisions.
     scratch: Vec<CoreDecision>,
 }
@@ -158,7 +192,7 @@ pub(crate) fn build<const N: usize>(config: Config) -> std::io::Result<Box<dyn T
                             }),
                             engine: Mutex::new(EngineSide {
                                 engine,
-                                requests: HashMap::new(),
+                                requests: Requests::default(),
                                 scratch: Vec::new(),
                             }),
                         }
@@ -249,7 +283,8 @@ impl<const N: usize> Tracker for Halves<N> {
         expect_count: Option<u8>,
         deadline_ms: Option<u64>,
     ) -> PyResult<Result<(), (RegisterErrorKind, Entry)>> {
-        let id = entry.id.bind(py).to_str()?.to_owned();
+        let id_object = entry.id.clone_ref(py).into_bound(py);
+        let id = id_object.to_str()?;
         Ok(self.with_sides(|sides| {
             let mut side = lock(py, &sides.engine);
             let expect = match expect_count {
@@ -257,7 +292,7 @@ impl<const N: usize> Tracker for Halves<N> {
                 None => Expect::Edges(&entry.agents),
             };
             let registration = Registration {
-                id: &id,
+                id,
                 blocks: BlockHandle(0),
                 expect,
                 deadline_ms,
@@ -270,6 +305,38 @@ impl<const N: usize> Tracker for Halves<N> {
                 Err(e) => Err((e.kind, entry)),
             }
         }))
+    }
+
+    fn register_many(
+        &self,
+        py: Python<'_>,
+        entries: &mut std::vec::IntoIter<(Entry, Option<u8>)>,
+        deadline_ms: Option<u64>,
+    ) -> PyResult<Result<(), (RegisterErrorKind, Entry)>> {
+        self.with_sides(|sides| {
+            let mut side = lock(py, &sides.engine);
+            for (entry, count) in entries.by_ref() {
+                let id_object = entry.id.bind(py);
+                let id = id_object.to_str()?;
+                let expect = match count {
+                    Some(n) => Expect::Count(n),
+                    None => Expect::Edges(&entry.agents),
+                };
+                let registration = Registration {
+                    id,
+                    blocks: BlockHandle(0),
+                    expect,
+                    deadline_ms,
+                };
+                match side.engine.register(registration) {
+                    Ok(ticket) => {
+                        side.requests.insert(ticket.key().get(), entry);
+                    }
+                    Err(e) => return Ok(Err((e.kind, entry))),
+                }
+            }
+            Ok(Ok(()))
+        })
     }
 
     fn poll(&self, py: Python<'_>) -> Vec<Taken> {

@@ -105,7 +105,7 @@ GARBAGE: list[object] = [
 def test_garbage_never_raises_and_disturbs_nothing() -> None:
     led = Ledger(16)
     led.register("r", [1], 2)
-    assert led.feed({"a": GARBAGE, "b": []}) == []
+    assert led.feed({"a": GARBAGE, "b": []}) == []  # type: ignore[dict-item]
     assert led.poll() == [] and len(led) == 1
     c = led.counters()
     assert c["malformed"] == 13 and c["not_bytes"] == 4
@@ -121,7 +121,7 @@ def test_feed_accepts_any_mapping_of_iterables() -> None:
     led.register("r", None, 3)
     led.feed(Notifs(a=(b"r:1",)))
     led.feed({"b": iter([b"r:1"])})
-    led.feed({"c": b"r:1"})  # one message, not a list
+    led.feed({"c": b"r:1"})  # type: ignore[dict-item]  # one message, not a list
     assert kinds(led.poll()) == [("completed", "r")]
 
 
@@ -334,3 +334,48 @@ def test_fence_needs_no_settling() -> None:
     led.register("r", None, ["p0", "p1"])
     led.feed({"p0": [b"r:2"]})
     assert kinds(led.fence("p1")) == [("failed", "r"), ("released", "r")]
+
+
+# -- the batch entry points: register_many and poll_split ---------------------------- #
+
+
+def test_register_many_registers_in_order_and_stops_at_the_first_refusal() -> None:
+    led = Ledger(3)
+    led.register("b", None, 1)
+    blocks = [[1], [2], [3], [4]]
+    with pytest.raises(kvdrain.DuplicateRequestError) as e:
+        led.register_many(["a", "b", "c"], blocks, 1)
+    assert e.value.request_id == "b"
+    assert len(led) == 2  # "a" registered, "c" not
+    with pytest.raises(kvdrain.FullError) as full:
+        led.register_many(["c", "d"], blocks[2:], 1)
+    assert (full.value.request_id, full.value.blocks) == ("d", [4])
+    led.feed({"p": [b"a:1", b"b:1", b"c:1"]})
+    completed, others = led.poll_split()
+    assert completed == ["a", "b", "c"]
+    assert others == []
+
+
+def test_register_many_with_named_edges_and_bad_input() -> None:
+    led = Ledger(8)
+    led.register_many(iter(["x", "y"]), iter([None, None]), ["p0", "p1"], deadline_ms=5)
+    assert len(led) == 2
+    with pytest.raises(kvdrain.InvalidExpectError):
+        led.register_many(["z"], [], 1)  # fewer blocks than ids
+    with pytest.raises(kvdrain.InvalidExpectError):
+        led.register_many(["z"], [None], 0)
+    assert len(led) == 2
+    assert {d.request_id for d in led.advance(5)} == {"x", "y"}
+
+
+def test_poll_split_gives_completed_ids_and_other_decisions() -> None:
+    led = Ledger(8)
+    rid = "".join(["o", "k"])
+    led.register(rid, None, 1)
+    led.register("bad", [7], 1)
+    led.feed({"p": [b"ok:1", b"PUSH_FAIL:bad:1"]})
+    completed, others = led.poll_split()
+    assert completed == ["ok"] and completed[0] is rid
+    assert kinds(others) == [("failed", "bad"), ("released", "bad")]
+    assert others[0].blocks == [7]
+    assert led.poll_split() == ([], [])

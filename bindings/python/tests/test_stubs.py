@@ -28,7 +28,7 @@ def params(fn: ast.FunctionDef) -> list[tuple[str, str]]:
 
 def runtime_params(obj: Any) -> list[tuple[str, str]]:
     sig = inspect.signature(obj)
-    kind = {
+    kind: dict[Any, str] = {
         inspect.Parameter.POSITIONAL_ONLY: "positional",
         inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional",
         inspect.Parameter.KEYWORD_ONLY: "keyword",

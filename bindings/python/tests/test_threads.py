@@ -59,7 +59,7 @@ def test_two_threads_lose_and_double_nothing() -> None:
 
     try:
         while registered < REQUESTS or open_requests:
-            ids = []
+            ids: list[str] = []
             while registered < REQUESTS and open_requests < WINDOW and len(ids) < 256:
                 rid = f"r{registered}"
                 led.register(rid, registered, ["P0", "P1"] if registered % 2 else 2)

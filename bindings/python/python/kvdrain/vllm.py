@@ -142,8 +142,10 @@ class PushConsumer:
         """The engine thread's step (vLLM's ``_get_new_notifs``): takes the decisions the
         writer thread's notices made ready and those that the clock brings (deadlines,
         quarantine and settle ends). Returns the ids that finished receiving now."""
-        done: set[str] = set()
-        for d in self.ledger.poll() + self.ledger.advance(self.now_ms()):
+        completed, others = self.ledger.poll_split()
+        done = set(completed)
+        self._finished_recving.update(completed)
+        for d in others + self.ledger.advance(self.now_ms()):
             self._apply(d, done)
         return done
 
