@@ -313,7 +313,7 @@ impl PyLedger {
     ) -> PyResult<()> {
         let mut blocks = blocks.try_iter()?;
         let mut parsed: Option<ExpectArg> = None;
-        let mut entries = Vec::new();
+        let mut entries = Vec::with_capacity(request_ids.len().unwrap_or(0));
         for request_id in request_ids.try_iter()? {
             let request_id = request_id?;
             let request_id = request_id.cast::<PyString>()?;
@@ -417,6 +417,8 @@ impl PyLedger {
         let mut others = Vec::new();
         for t in self.tracker.poll(py) {
             if t.kind == crate::decision::Kind::Completed {
+                // Dropped as a `Bound`: a plain decref, no check for an attached thread.
+                drop(t.entry.blocks.into_bound(py));
                 completed.push(t.entry.id);
             } else {
                 others.push(self.decision(py, t)?);

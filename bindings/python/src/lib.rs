@@ -29,6 +29,7 @@ mod errors;
 mod ledger;
 mod lock;
 mod producer;
+mod requests;
 mod tracker;
 
 use pyo3::prelude::*;

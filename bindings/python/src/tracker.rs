@@ -10,8 +10,6 @@
 //! [`Tracker`] erases `N` so that one Python class can hold any table size; each method
 //! works on a whole batch, so the dynamic call is paid once per batch.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
 
 use kvdrain::{
@@ -25,34 +23,11 @@ use pyo3::types::{PyBytes, PyList, PyString};
 
 use crate::decision::Kind;
 use crate::lock::lock;
+use crate::requests::Requests;
 
 /// Named edges per request in every table the module builds (counting mode allows up to
 /// 64 notices whatever this is).
 pub(crate) const EDGES: usize = 8;
-
-/// Hashes the core's request keys (unique, increasing `u64`s) with one multiplication:
-/// nobody outside chooses them, so no keyed hash is needed.
-#[derive(Default, Clone, Copy, Debug)]
-pub(crate) struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_u64(&mut self, key: u64) {
-        self.0 = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-/// Live registrations by request key.
-type Requests = HashMap<u64, Entry, BuildHasherDefault<KeyHasher>>;
 
 /// What the engine side keeps of a registration until its last decision.
 #[derive(Debug)]
@@ -192,7 +167,7 @@ pub(crate) fn build<const N: usize>(config: Config) -> std::io::Result<Box<dyn T
                             }),
                             engine: Mutex::new(EngineSide {
                                 engine,
-                                requests: Requests::default(),
+                                requests: Requests::new(N),
                                 scratch: Vec::new(),
                             }),
                         }
@@ -210,29 +185,30 @@ impl<const N: usize> EngineSide<'_, N> {
     /// requests leave the table.
     fn take(&mut self, py: Python<'_>, out: &mut Vec<Taken>) {
         let at_ms = self.engine.now();
+        out.reserve(self.scratch.len());
         for d in self.scratch.drain(..) {
             let key = d.key().get();
             let (kind, entry, forced, outstanding) = match d {
                 CoreDecision::Completed(drained) => {
                     let BlockHandle(_) = drained.into_decode();
-                    (Kind::Completed, self.requests.remove(&key), false, None)
+                    (Kind::Completed, self.requests.remove(key), false, None)
                 }
                 CoreDecision::Failed(_) => (
                     Kind::Failed,
-                    self.requests.get(&key).map(|e| e.clone_ref(py)),
+                    self.requests.get(key).map(|e| e.clone_ref(py)),
                     false,
                     None,
                 ),
                 CoreDecision::Expired(q) => (
                     Kind::Expired,
-                    self.requests.get(&key).map(|e| e.clone_ref(py)),
+                    self.requests.get(key).map(|e| e.clone_ref(py)),
                     false,
                     Some(q.outstanding()),
                 ),
                 CoreDecision::Released(r) => {
                     let forced = r.forced();
                     let BlockHandle(_) = r.into_free();
-                    (Kind::Released, self.requests.remove(&key), forced, None)
+                    (Kind::Released, self.requests.remove(key), forced, None)
                 }
             };
             // Every key the core decides was registered here; a missing one would be a
@@ -368,7 +344,7 @@ impl<const N: usize> Tracker for Halves<N> {
         self.with_sides(|sides| {
             let mut side = lock(py, &sides.engine);
             let q = side.engine.abort_id(id)?;
-            let entry = side.requests.get(&q.key().get()).map(|e| e.clone_ref(py));
+            let entry = side.requests.get(q.key().get()).map(|e| e.clone_ref(py));
             // A request the core tracks is always in the table; if it were not, the abort
             // would concern nothing the caller registered.
             let entry = entry.ok_or(AbortError::Unknown)?;
