@@ -35,8 +35,11 @@ def test_counting_mode_counts_anyone() -> None:
     assert kinds(led.poll()) == [("completed", "r")]
 
 
+# settle_ms=0 below: vLLM's release-with-the-decision, whatever the settling default.
+
+
 def test_failure_never_cuts_the_count_short_c2_f1() -> None:
-    led = Ledger(16)
+    led = Ledger(16, settle_ms=0)
     led.register("r", [1], ["p0", "p1"])
     led.feed({"p1": [b"PUSH_FAIL:r:2"]})
     assert led.poll() == []
@@ -45,7 +48,7 @@ def test_failure_never_cuts_the_count_short_c2_f1() -> None:
 
 
 def test_first_failure_is_sticky_f2() -> None:
-    led = Ledger(16)
+    led = Ledger(16, settle_ms=0)
     led.register("r", None, 3)
     led.feed({"a": [b"PUSH_FAIL:r:1", b"r:1", b"r:1"]})
     assert kinds(led.poll()) == [("failed", "r"), ("released", "r")]
@@ -369,7 +372,7 @@ def test_register_many_with_named_edges_and_bad_input() -> None:
 
 
 def test_poll_split_gives_completed_ids_and_other_decisions() -> None:
-    led = Ledger(8)
+    led = Ledger(8, settle_ms=0)
     rid = "".join(["o", "k"])
     led.register(rid, None, 1)
     led.register("bad", [7], 1)

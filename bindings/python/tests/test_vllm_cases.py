@@ -4,6 +4,8 @@ unless said, expected = pp × max(1, TP // world_size)."""
 
 from __future__ import annotations
 
+import pytest
+
 import kvdrain
 from kvdrain.vllm import PushConsumer, expected_notifications
 
@@ -223,3 +225,20 @@ def test_kv_groups_report_every_block() -> None:
     c.writer_batch({"P0": [b"PUSH_FAIL:hma:1"]})
     c.get_new_notifs()
     assert c.get_block_ids_with_load_errors() == {1, 2, 30, 31}
+
+
+@pytest.mark.xfail(strict=True, reason="core settling not merged")
+def test_failed_request_blocks_settle_before_they_are_freed() -> None:
+    clock = FakeClock()
+    c = PushConsumer(capacity=8, settle_ms=100, clock=clock)
+    c.start_load_kv("s", [1], tp_size=1)
+    c.writer_batch({"P0": [b"PUSH_FAIL:s:1"]})
+    c.get_new_notifs()
+    assert c.get_transfer_results() == (set(), {"s"})
+    assert c.request_finished("s") is True  # the failed write may still be landing
+    clock.advance_ms(99)
+    c.get_new_notifs()
+    assert c.get_released() == set()
+    clock.advance_ms(1)
+    c.get_new_notifs()
+    assert c.get_released() == {"s"}
