@@ -110,30 +110,28 @@ impl PyLedger {
         };
         match self.tracker.register(py, entry, count, deadline_ms)? {
             Ok(()) => Ok(()),
-            Err((kind, entry)) => Err(self.refusal(kind, entry)),
+            Err((kind, entry)) => Err(self.refusal(py, kind, entry)),
         }
     }
 
     /// The exception for a refused registration, carrying what was refused.
-    fn refusal(&self, kind: RegisterErrorKind, entry: Entry) -> PyErr {
-        Python::attach(|py| {
-            let id = entry.id.bind(py).to_string_lossy().into_owned();
-            match kind {
-                RegisterErrorKind::Full => FullError::new_err((
-                    format!("table full ({} requests): {id:?} refused", self.capacity),
-                    entry.id,
-                    entry.blocks,
-                )),
-                RegisterErrorKind::DuplicateId => DuplicateRequestError::new_err((
-                    format!("request {id:?} is tracked already"),
-                    entry.id,
-                )),
-                _ => InvalidExpectError::new_err((
-                    format!("registration of {id:?} refused: invalid expect"),
-                    entry.id,
-                )),
-            }
-        })
+    fn refusal(&self, py: Python<'_>, kind: RegisterErrorKind, entry: Entry) -> PyErr {
+        let id = entry.id.bind(py).to_string_lossy().into_owned();
+        match kind {
+            RegisterErrorKind::Full => FullError::new_err((
+                format!("table full ({} requests): {id:?} refused", self.capacity),
+                entry.id,
+                entry.blocks,
+            )),
+            RegisterErrorKind::DuplicateId => DuplicateRequestError::new_err((
+                format!("request {id:?} is tracked already"),
+                entry.id,
+            )),
+            _ => InvalidExpectError::new_err((
+                format!("registration of {id:?} refused: invalid expect"),
+                entry.id,
+            )),
+        }
     }
 
     fn expect_arg(
@@ -343,7 +341,7 @@ impl PyLedger {
         drop(entries); // the ones after a refusal, dropped with no lock held
         match refused {
             Ok(()) => Ok(()),
-            Err((kind, entry)) => Err(self.refusal(kind, entry)),
+            Err((kind, entry)) => Err(self.refusal(py, kind, entry)),
         }
     }
 
@@ -371,11 +369,16 @@ impl PyLedger {
                 Ok(list) => list,
                 Err(e) => {
                     let other = e.into_inner();
-                    if other.is_instance_of::<pyo3::types::PyBytes>() {
-                        PyList::new(py, [other])?
-                    } else {
-                        PyList::new(py, other.try_iter()?.collect::<PyResult<Vec<_>>>()?)?
-                    }
+                    // One message instead of a list, or something that is not a list of
+                    // messages at all: read what can be read, count the rest as not bytes.
+                    let one = || vec![other.clone()];
+                    let items = match other.try_iter() {
+                        Ok(items) if !other.is_instance_of::<pyo3::types::PyBytes>() => items
+                            .collect::<PyResult<Vec<_>>>()
+                            .unwrap_or_else(|_| one()),
+                        _ => one(),
+                    };
+                    PyList::new(py, items)?
                 }
             };
             batch.push((STRANGER, key, messages));

@@ -63,12 +63,10 @@ pub(crate) struct Taken {
 /// One NIXL batch, sender by sender: `(agent number, the dict key, its messages)`.
 pub(crate) type Batch<'py> = [(AgentId, Bound<'py, PyAny>, Bound<'py, PyList>)];
 
-/// What a batch gave back: producer-bound messages `(dict key, message)`, untouched, and
-/// how many entries were not `bytes`.
+/// What a batch gave back: the producer-bound messages `(dict key, message)`, untouched.
 #[derive(Debug, Default)]
 pub(crate) struct Fed<'py> {
     pub(crate) producer_bound: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
-    pub(crate) decided: u32,
 }
 
 /// The table-size-independent face of [`Halves`].
@@ -237,14 +235,12 @@ impl<const N: usize> Tracker for Halves<N> {
                         side.not_bytes += 1;
                         continue;
                     };
-                    match side.ingest.handle_notification(*agent, bytes.as_bytes()) {
-                        Ok(kvdrain::Noticed::Decided) => fed.decided += 1,
-                        Ok(kvdrain::Noticed::Counted) => {}
-                        Err(ignored) => {
-                            if ignored.reason == kvdrain::IgnoreReason::NotForConsumer {
-                                fed.producer_bound.push((key.clone(), message.clone()));
-                            }
-                        }
+                    // A decided request waits on the ready ring for the engine's `poll`;
+                    // an ignored notice is counted by the core.
+                    if let Err(ignored) = side.ingest.handle_notification(*agent, bytes.as_bytes())
+                        && ignored.reason == kvdrain::IgnoreReason::NotForConsumer
+                    {
+                        fed.producer_bound.push((key.clone(), message.clone()));
                     }
                 }
             }

@@ -3,6 +3,8 @@ unknown ids, garbage bytes, deadlines, abort, fence, settling, full tables and m
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 import kvdrain
@@ -382,3 +384,17 @@ def test_poll_split_gives_completed_ids_and_other_decisions() -> None:
     assert kinds(others) == [("failed", "bad"), ("released", "bad")]
     assert others[0].blocks == [7]
     assert led.poll_split() == ([], [])
+
+
+def test_feed_survives_values_that_are_not_lists_of_bytes() -> None:
+    def broken() -> Iterator[bytes]:
+        yield b"r:1"
+        raise RuntimeError("the iterator broke")
+
+    led = Ledger(16)
+    led.register("r", None, 2)
+    led.feed({"a": None, "b": 5, "c": broken()})  # type: ignore[dict-item]
+    assert led.poll() == []
+    assert led.counters()["not_bytes"] == 3
+    led.feed({"a": [b"r:1", b"r:1"]})
+    assert kinds(led.poll()) == [("completed", "r")]
