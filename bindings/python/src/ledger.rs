@@ -4,7 +4,7 @@
 //! [`crate::tracker`]), so a NIXL writer thread can `feed` while the engine thread
 //! registers, polls and advances, with or without the GIL.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use kvdrain::{AbortError, AgentId, ClockError, Config, Outstanding, RegisterErrorKind};
 use pyo3::prelude::*;
@@ -48,7 +48,7 @@ impl std::fmt::Debug for PyLedger {
 /// What `expect` asked for.
 enum ExpectArg {
     Count(u8),
-    Agents(Box<[AgentId]>),
+    Agents(Arc<[AgentId]>),
 }
 
 impl PyLedger {
@@ -69,6 +69,8 @@ impl PyLedger {
                 let names: Vec<Py<PyString>> = t
                     .entry
                     .agents
+                    .as_deref()
+                    .unwrap_or_default()
                     .iter()
                     .enumerate()
                     .filter(|&(i, _)| mask & (1 << i) != 0)
@@ -100,8 +102,8 @@ impl PyLedger {
         deadline_ms: Option<u64>,
     ) -> PyResult<()> {
         let (count, agents) = match expect {
-            ExpectArg::Count(n) => (Some(*n), Box::default()),
-            ExpectArg::Agents(agents) => (None, agents.clone()),
+            ExpectArg::Count(n) => (Some(*n), None),
+            ExpectArg::Agents(agents) => (None, Some(Arc::clone(agents))),
         };
         let entry = Entry {
             id: request_id.clone().unbind(),
@@ -180,7 +182,7 @@ impl PyLedger {
                 agents.len()
             )));
         }
-        Ok(ExpectArg::Agents(agents.into_boxed_slice()))
+        Ok(ExpectArg::Agents(agents.into()))
     }
 }
 
@@ -326,8 +328,8 @@ impl PyLedger {
                 None => parsed.insert(self.expect_arg(py, request_id, expect)?),
             };
             let (count, agents) = match expect {
-                ExpectArg::Count(n) => (Some(*n), Box::default()),
-                ExpectArg::Agents(agents) => (None, agents.clone()),
+                ExpectArg::Count(n) => (Some(*n), None),
+                ExpectArg::Agents(agents) => (None, Some(Arc::clone(agents))),
             };
             let entry = Entry {
                 id: request_id.clone().unbind(),

@@ -68,7 +68,7 @@ mod tests {
         Entry {
             id: pyo3::types::PyString::new(py, &n.to_string()).unbind(),
             blocks: py.None(),
-            agents: Box::default(),
+            agents: None,
         }
     }
 

@@ -10,7 +10,7 @@
 //! [`Tracker`] erases `N` so that one Python class can hold any table size; each method
 //! works on a whole batch, so the dynamic call is paid once per batch.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use kvdrain::{
     AbortError, AgentId, BlockHandle, ClockError, Config, Decision as CoreDecision, Engine,
@@ -29,14 +29,18 @@ use crate::requests::Requests;
 /// 64 notices whatever this is).
 pub(crate) const EDGES: usize = 8;
 
+/// The named edges of a registration (`None`: counting mode).
+pub(crate) type Agents = Option<Arc<[AgentId]>>;
+
 /// What the engine side keeps of a registration until its last decision.
 #[derive(Debug)]
 pub(crate) struct Entry {
     pub(crate) id: Py<PyString>,
     pub(crate) blocks: Py<PyAny>,
     /// Named-edge mode: the agents in registration order (bit `i` of
-    /// [`Outstanding::Edges`] is `agents[i]`); empty in counting mode.
-    pub(crate) agents: Box<[AgentId]>,
+    /// [`Outstanding::Edges`] is `agents[i]`), shared by the requests registered together;
+    /// empty in counting mode.
+    pub(crate) agents: Agents,
 }
 
 impl Entry {
@@ -261,7 +265,7 @@ impl<const N: usize> Tracker for Halves<N> {
             let mut side = lock(py, &sides.engine);
             let expect = match expect_count {
                 Some(n) => Expect::Count(n),
-                None => Expect::Edges(&entry.agents),
+                None => Expect::Edges(entry.agents.as_deref().unwrap_or_default()),
             };
             let registration = Registration {
                 id,
@@ -292,7 +296,7 @@ impl<const N: usize> Tracker for Halves<N> {
                 let id = id_object.to_str()?;
                 let expect = match count {
                     Some(n) => Expect::Count(n),
-                    None => Expect::Edges(&entry.agents),
+                    None => Expect::Edges(entry.agents.as_deref().unwrap_or_default()),
                 };
                 let registration = Registration {
                     id,
