@@ -93,24 +93,35 @@ impl PyLedger {
         )
     }
 
-    fn register_one(
-        &self,
-        py: Python<'_>,
+    /// What the engine side keeps of one registration, and its count (counting mode).
+    fn entry(
         request_id: &Bound<'_, PyString>,
-        blocks: &Bound<'_, PyAny>,
+        blocks: Bound<'_, PyAny>,
         expect: &ExpectArg,
-        deadline_ms: Option<u64>,
-    ) -> PyResult<()> {
+    ) -> (Entry, Option<u8>) {
         let (count, agents) = match expect {
             ExpectArg::Count(n) => (Some(*n), None),
             ExpectArg::Agents(agents) => (None, Some(Arc::clone(agents))),
         };
         let entry = Entry {
             id: request_id.clone().unbind(),
-            blocks: blocks.clone().unbind(),
+            blocks: blocks.unbind(),
             agents,
         };
-        match self.tracker.register(py, entry, count, deadline_ms)? {
+        (entry, count)
+    }
+
+    /// Registers `entries` in order; the first refusal becomes its exception.
+    fn register_entries(
+        &self,
+        py: Python<'_>,
+        entries: Vec<(Entry, Option<u8>)>,
+        deadline_ms: Option<u64>,
+    ) -> PyResult<()> {
+        let mut entries = entries.into_iter();
+        let refused = self.tracker.register_many(py, &mut entries, deadline_ms)?;
+        drop(entries); // the ones after a refusal, dropped with no lock held
+        match refused {
             Ok(()) => Ok(()),
             Err((kind, entry)) => Err(self.refusal(py, kind, entry)),
         }
@@ -295,7 +306,8 @@ impl PyLedger {
         deadline_ms: Option<u64>,
     ) -> PyResult<()> {
         let expect = self.expect_arg(py, request_id, expect)?;
-        self.register_one(py, request_id, blocks, &expect, deadline_ms)
+        let entry = Self::entry(request_id, blocks.clone(), &expect);
+        self.register_entries(py, vec![entry], deadline_ms)
     }
 
     /// Registers `request_ids[i]` with `blocks[i]`, all with the same `expect`, in order
@@ -327,24 +339,9 @@ impl PyLedger {
                 Some(e) => e,
                 None => parsed.insert(self.expect_arg(py, request_id, expect)?),
             };
-            let (count, agents) = match expect {
-                ExpectArg::Count(n) => (Some(*n), None),
-                ExpectArg::Agents(agents) => (None, Some(Arc::clone(agents))),
-            };
-            let entry = Entry {
-                id: request_id.clone().unbind(),
-                blocks: block?.unbind(),
-                agents,
-            };
-            entries.push((entry, count));
+            entries.push(Self::entry(request_id, block?, expect));
         }
-        let mut entries = entries.into_iter();
-        let refused = self.tracker.register_many(py, &mut entries, deadline_ms)?;
-        drop(entries); // the ones after a refusal, dropped with no lock held
-        match refused {
-            Ok(()) => Ok(()),
-            Err((kind, entry)) => Err(self.refusal(py, kind, entry)),
-        }
+        self.register_entries(py, entries, deadline_ms)
     }
 
     /// Feeds one NIXL batch: the `dict[str, list[bytes]]` that `get_new_notifs()` returns

@@ -77,14 +77,6 @@ pub(crate) struct Fed<'py> {
 pub(crate) trait Tracker: Send + Sync {
     /// Feeds every message of a batch to the ingest half.
     fn feed<'py>(&self, py: Python<'py>, batch: &Batch<'py>) -> Fed<'py>;
-    /// Registers a request with the engine half.
-    fn register(
-        &self,
-        py: Python<'_>,
-        entry: Entry,
-        expect_count: Option<u8>,
-        deadline_ms: Option<u64>,
-    ) -> PyResult<Result<(), (RegisterErrorKind, Entry)>>;
     /// Registers each `(entry, count)` in order under one lock; stops at the first refusal
     /// and hands back its position, why, and the refused entry. The entries after it are
     /// left in `entries`.
@@ -250,37 +242,6 @@ impl<const N: usize> Tracker for Halves<N> {
             }
         });
         fed
-    }
-
-    fn register(
-        &self,
-        py: Python<'_>,
-        entry: Entry,
-        expect_count: Option<u8>,
-        deadline_ms: Option<u64>,
-    ) -> PyResult<Result<(), (RegisterErrorKind, Entry)>> {
-        let id_object = entry.id.clone_ref(py).into_bound(py);
-        let id = id_object.to_str()?;
-        Ok(self.with_sides(|sides| {
-            let mut side = lock(py, &sides.engine);
-            let expect = match expect_count {
-                Some(n) => Expect::Count(n),
-                None => Expect::Edges(entry.agents.as_deref().unwrap_or_default()),
-            };
-            let registration = Registration {
-                id,
-                blocks: BlockHandle(0),
-                expect,
-                deadline_ms,
-            };
-            match side.engine.register(registration) {
-                Ok(ticket) => {
-                    side.requests.insert(ticket.key().get(), entry);
-                    Ok(())
-                }
-                Err(e) => Err((e.kind, entry)),
-            }
-        }))
     }
 
     fn register_many(
