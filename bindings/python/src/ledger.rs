@@ -24,7 +24,11 @@ use crate::tracker::{self, Batch, EDGES, Entry, Taken, Tracker};
 /// decided ids (`late` rather than `unknown`) however small the capacity.
 pub(crate) const TABLE_SIZES: [usize; 4] = [1024, 4096, 16_384, 65_536];
 
-/// The consumer ledger.
+/// The consumer (decode-side) ledger: tracks up to `capacity` requests whose KV blocks
+/// producers push over NIXL, and decides for each, exactly once, `completed`, `failed`,
+/// `expired` or `aborted`, then (unless completed) `released` when no write into its blocks
+/// can still land. `feed` belongs to the thread that drains NIXL; every other method to the
+/// engine thread; the two may run at once.
 #[pyclass(frozen, module = "kvdrain", name = "Ledger")]
 pub(crate) struct PyLedger {
     tracker: Box<dyn Tracker>,
@@ -170,10 +174,11 @@ impl PyLedger {
                 "expect must be an int or a sequence of agent names".into(),
             ));
         };
-        let mut agents = Vec::new();
+        // Iterating may run Python code: collect first, lock the names table after.
+        let names = names.collect::<PyResult<Vec<_>>>()?;
+        let mut agents = Vec::with_capacity(names.len());
         let mut table = lock(py, &self.agents);
-        for name in names {
-            let name = name?;
+        for name in &names {
             let Ok(name) = name.cast::<PyString>() else {
                 return Err(invalid("agent names must be str".into()));
             };
