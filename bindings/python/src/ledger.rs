@@ -422,15 +422,11 @@ impl PyLedger {
     ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
         let mut completed = Vec::new();
         let mut others = Vec::new();
-        for t in self.tracker.poll(py) {
-            if t.kind == crate::decision::Kind::Completed {
-                // Dropped as a `Bound`: a plain decref, no check for an attached thread.
-                drop(t.entry.blocks.into_bound(py));
-                completed.push(t.entry.id);
-            } else {
-                others.push(self.decision(py, t)?);
-            }
-        }
+        self.tracker.poll_split(py, &mut completed, &mut others);
+        let others = others
+            .into_iter()
+            .map(|t| self.decision(py, t))
+            .collect::<PyResult<Vec<_>>>()?;
         Ok((PyList::new(py, completed)?, PyList::new(py, others)?))
     }
 

@@ -88,6 +88,13 @@ pub(crate) trait Tracker: Send + Sync {
     ) -> PyResult<Result<(), (RegisterErrorKind, Entry)>>;
     /// Decisions the ingest half made ready.
     fn poll(&self, py: Python<'_>) -> Vec<Taken>;
+    /// The same, with the completed requests' ids apart (no [`Taken`] made for them).
+    fn poll_split(
+        &self,
+        py: Python<'_>,
+        completed: &mut Vec<Py<PyString>>,
+        others: &mut Vec<Taken>,
+    );
     /// Moves the clock; deadlines and quarantine ends fire.
     fn advance(&self, py: Python<'_>, now_ms: u64) -> Result<Vec<Taken>, ClockError>;
     /// Aborts a request by id.
@@ -113,8 +120,6 @@ struct EngineSide<'l, const N: usize> {
     engine: Engine<'l, N, EDGES>,
     /// Live registrations by request key.
     requests: Requests,
-    /// Reused buffer for the core's decisions.
-    scratch: Vec<CoreDecision>,
 }
 
 #[derive(Debug)]
@@ -162,7 +167,6 @@ pub(crate) fn build<const N: usize>(config: Config) -> std::io::Result<Box<dyn T
                             engine: Mutex::new(EngineSide {
                                 engine,
                                 requests: Requests::new(N),
-                                scratch: Vec::new(),
                             }),
                         }
                     },
@@ -174,50 +178,41 @@ pub(crate) fn build<const N: usize>(config: Config) -> std::io::Result<Box<dyn T
         .map_err(|_| std::io::Error::other("building the ledger panicked"))
 }
 
-impl<const N: usize> EngineSide<'_, N> {
-    /// Turns the core's decisions in `scratch` into [`Taken`]s; completed and released
-    /// requests leave the table.
-    fn take(&mut self, py: Python<'_>, out: &mut Vec<Taken>) {
-        let at_ms = self.engine.now();
-        out.reserve(self.scratch.len());
-        for d in self.scratch.drain(..) {
-            let key = d.key().get();
-            let (kind, entry, forced, outstanding) = match d {
-                CoreDecision::Completed(drained) => {
-                    let BlockHandle(_) = drained.into_decode();
-                    (Kind::Completed, self.requests.remove(key), false, None)
-                }
-                CoreDecision::Failed(_) => (
-                    Kind::Failed,
-                    self.requests.get(key).map(|e| e.clone_ref(py)),
-                    false,
-                    None,
-                ),
-                CoreDecision::Expired(q) => (
-                    Kind::Expired,
-                    self.requests.get(key).map(|e| e.clone_ref(py)),
-                    false,
-                    Some(q.outstanding()),
-                ),
-                CoreDecision::Released(r) => {
-                    let forced = r.forced();
-                    let BlockHandle(_) = r.into_free();
-                    (Kind::Released, self.requests.remove(key), forced, None)
-                }
-            };
-            // Every key the core decides was registered here; a missing one would be a
-            // bookkeeping bug, and there is no request to tell the caller about.
-            if let Some(entry) = entry {
-                out.push(Taken {
-                    kind,
-                    entry,
-                    at_ms,
-                    forced,
-                    outstanding,
-                });
-            }
+/// Turns one of the core's decisions into a [`Taken`]; completed and released requests
+/// leave the table. `None` only for a key this side never registered (a bookkeeping bug:
+/// there is no request to tell the caller about).
+fn taken(requests: &mut Requests, py: Python<'_>, at_ms: u64, d: CoreDecision) -> Option<Taken> {
+    let key = d.key().get();
+    let (kind, entry, forced, outstanding) = match d {
+        CoreDecision::Completed(drained) => {
+            let BlockHandle(_) = drained.into_decode();
+            (Kind::Completed, requests.remove(key), false, None)
         }
-    }
+        CoreDecision::Failed(_) => (
+            Kind::Failed,
+            requests.get(key).map(|e| e.clone_ref(py)),
+            false,
+            None,
+        ),
+        CoreDecision::Expired(q) => (
+            Kind::Expired,
+            requests.get(key).map(|e| e.clone_ref(py)),
+            false,
+            Some(q.outstanding()),
+        ),
+        CoreDecision::Released(r) => {
+            let forced = r.forced();
+            let BlockHandle(_) = r.into_free();
+            (Kind::Released, requests.remove(key), forced, None)
+        }
+    };
+    Some(Taken {
+        kind,
+        entry: entry?,
+        at_ms,
+        forced,
+        outstanding,
+    })
 }
 
 impl<const N: usize> Tracker for Halves<N> {
@@ -280,23 +275,45 @@ impl<const N: usize> Tracker for Halves<N> {
         let mut out = Vec::new();
         self.with_sides(|sides| {
             let mut side = lock(py, &sides.engine);
-            let side = &mut *side;
-            let scratch = &mut side.scratch;
-            side.engine.poll(|d| scratch.push(d));
-            side.take(py, &mut out);
+            let EngineSide { engine, requests } = &mut *side;
+            let at_ms = engine.now();
+            engine.poll(|d| out.extend(taken(requests, py, at_ms, d)));
         });
         out
+    }
+
+    fn poll_split(
+        &self,
+        py: Python<'_>,
+        completed: &mut Vec<Py<PyString>>,
+        others: &mut Vec<Taken>,
+    ) {
+        self.with_sides(|sides| {
+            let mut side = lock(py, &sides.engine);
+            let EngineSide { engine, requests } = &mut *side;
+            let at_ms = engine.now();
+            engine.poll(|d| match d {
+                CoreDecision::Completed(drained) => {
+                    let key = drained.key().get();
+                    let BlockHandle(_) = drained.into_decode();
+                    if let Some(entry) = requests.remove(key) {
+                        // Dropped as a `Bound`: a plain decref, no check for an attached
+                        // thread; nothing runs, the caller still holds its blocks object.
+                        drop(entry.blocks.into_bound(py));
+                        completed.push(entry.id);
+                    }
+                }
+                other => others.extend(taken(requests, py, at_ms, other)),
+            });
+        });
     }
 
     fn advance(&self, py: Python<'_>, now_ms: u64) -> Result<Vec<Taken>, ClockError> {
         let mut out = Vec::new();
         self.with_sides(|sides| {
             let mut side = lock(py, &sides.engine);
-            let side = &mut *side;
-            let scratch = &mut side.scratch;
-            side.engine.advance(now_ms, |d| scratch.push(d))?;
-            side.take(py, &mut out);
-            Ok(())
+            let EngineSide { engine, requests } = &mut *side;
+            engine.advance(now_ms, |d| out.extend(taken(requests, py, now_ms, d)))
         })?;
         Ok(out)
     }
@@ -323,11 +340,9 @@ impl<const N: usize> Tracker for Halves<N> {
         let mut out = Vec::new();
         let resolved = self.with_sides(|sides| {
             let mut side = lock(py, &sides.engine);
-            let side = &mut *side;
-            let scratch = &mut side.scratch;
-            let resolved = side.engine.fence(agent, |d| scratch.push(d));
-            side.take(py, &mut out);
-            resolved
+            let EngineSide { engine, requests } = &mut *side;
+            let at_ms = engine.now();
+            engine.fence(agent, |d| out.extend(taken(requests, py, at_ms, d)))
         });
         (resolved, out)
     }
