@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use kvdrain::{AbortError, AgentId, ClockError, Config, Outstanding, RegisterErrorKind};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::agents::{AgentTable, STRANGER};
 use crate::decision::Decision;
@@ -507,6 +508,15 @@ impl PyLedger {
             d.set_item(k, v)?;
         }
         Ok(d)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.tracker.traverse(&visit)
+    }
+
+    fn __clear__(&self) {
+        // Dropped after the engine lock is released (a drop may run `__del__`).
+        drop(self.tracker.clear());
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {

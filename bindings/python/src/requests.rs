@@ -49,6 +49,24 @@ impl Requests {
         }
     }
 
+    /// Every live entry (for the garbage collector's traversal).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Entry> {
+        let ring = self.ring.iter().flatten().map(|(_, entry)| entry);
+        ring.chain(self.overflow.values())
+    }
+
+    /// Takes out every entry (the garbage collector breaks a cycle through this table).
+    pub(crate) fn take_all(&mut self) -> Vec<Entry> {
+        let ring = self
+            .ring
+            .iter_mut()
+            .filter_map(Option::take)
+            .map(|(_, e)| e);
+        let mut all: Vec<Entry> = ring.collect();
+        all.extend(self.overflow.drain().map(|(_, e)| e));
+        all
+    }
+
     /// Takes out the entry of `key` (its last decision was taken).
     pub(crate) fn remove(&mut self, key: u64) -> Option<Entry> {
         let at = self.place(key);

@@ -20,6 +20,7 @@ use kvdrain::{
 use ouroboros::self_referencing;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::decision::Kind;
 use crate::lock::lock;
@@ -103,6 +104,12 @@ pub(crate) trait Tracker: Send + Sync {
     fn fence(&self, py: Python<'_>, agent: AgentId) -> (u32, Vec<Taken>);
     /// Both halves' counters plus the entries that were not `bytes`.
     fn counters(&self, py: Python<'_>) -> (IngestCounters, u64, EngineCounters);
+    /// Visits every Python object the engine side holds (`tp_traverse`). Skips them if
+    /// the engine half is locked right now: unvisited references only keep objects alive.
+    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError>;
+    /// Takes out every registration (`tp_clear`: the ledger is unreachable), or nothing if
+    /// the engine half is locked right now.
+    fn clear(&self) -> Vec<Entry>;
     /// Clock, next timer, requests tracked.
     fn clock(&self, py: Python<'_>) -> (u64, Option<u64>, usize);
 }
@@ -355,6 +362,27 @@ impl<const N: usize> Tracker for Halves<N> {
             };
             let engine = *lock(py, &sides.engine).engine.counters();
             (ingest, not_bytes, engine)
+        })
+    }
+
+    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.with_sides(|sides| {
+            // No GIL calls here (none are allowed while the collector traverses).
+            let Ok(side) = sides.engine.try_lock() else {
+                return Ok(());
+            };
+            for entry in side.requests.iter() {
+                visit.call(&entry.id)?;
+                visit.call(&entry.blocks)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn clear(&self) -> Vec<Entry> {
+        self.with_sides(|sides| match sides.engine.try_lock() {
+            Ok(mut side) => side.requests.take_all(),
+            Err(_) => Vec::new(),
         })
     }
 

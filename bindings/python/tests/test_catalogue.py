@@ -3,6 +3,8 @@ unknown ids, garbage bytes, deadlines, abort, fence, settling, full tables and m
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -398,3 +400,17 @@ def test_feed_survives_values_that_are_not_lists_of_bytes() -> None:
     assert led.counters()["not_bytes"] == 3
     led.feed({"a": [b"r:1", b"r:1"]})
     assert kinds(led.poll()) == [("completed", "r")]
+
+
+def test_a_cycle_through_the_ledger_is_collected() -> None:
+    class Blocks:
+        ledger: Ledger | None = None
+
+    led = Ledger(16)
+    blocks = Blocks()
+    blocks.ledger = led  # the ledger holds blocks, blocks hold the ledger
+    led.register("r", blocks, 1)
+    gone = weakref.ref(blocks)
+    del led, blocks
+    gc.collect()
+    assert gone() is None
