@@ -5,14 +5,14 @@ CARGO ?= cargo
 LOOM_TARGET := target/loom
 FUZZ_SECONDS ?= 20
 
-.PHONY: demo test setup setup-nixl setup-tools check fmt clippy doc deny unit release-suites nostd loom miri fuzz-smoke replay
+.PHONY: demo test setup setup-nixl setup-tools check fmt clippy doc deny unit release-suites nostd loom miri fuzz-smoke replay python python-test bench-python
 
 ## The main job: P(TP=2) -> D(TP=1) over real NIXL in one process.
 demo: setup-nixl
 	$(CARGO) run --release -p kvdrain-cli --features nixl -- demo $(DEMO_ARGS)
 
 ## Every test and check CI runs.
-test: setup check unit release-suites nostd loom miri fuzz-smoke
+test: setup check unit release-suites nostd loom miri fuzz-smoke python-test
 	@echo "make test: all suites passed"
 
 setup: setup-nixl setup-tools
@@ -67,3 +67,20 @@ fuzz-smoke:
 
 replay:
 	$(CARGO) run --release --bin kvdrain -- replay $(TRACE)
+
+## The Python module: build the abi3 wheel and install it into .venv/ (created, with
+## maturin, pytest, mypy and hypothesis from PyPI, if missing), plus the release
+## `kvdrain` binary its replay-agreement test calls.
+VENV := .venv
+python:
+	bash scripts/setup-python.sh
+
+## pytest (warnings as errors) against the installed wheel, then mypy --strict on the
+## stubs, the package, the examples and the tests.
+python-test: python
+	cd bindings/python && ../../$(VENV)/bin/python -m pytest -q tests
+	cd bindings/python && ../../$(VENV)/bin/mypy
+
+## Per-notification cost from Python next to vLLM's Python counting path, same bytes.
+bench-python: python
+	$(VENV)/bin/python bench/python/bench_python.py $(BENCH_PYTHON_ARGS)

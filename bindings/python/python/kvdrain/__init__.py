@@ -1,0 +1,49 @@
+"""kvdrain: exact completion, failure and block-release decisions for KV-cache blocks
+that prefill producers push into a decode node over NIXL (vLLM push mode).
+
+The consumer side is :class:`Ledger`; the producer side is :class:`PushPlan` (and
+:func:`failure_notices`); :mod:`kvdrain.vllm` maps both onto vLLM's push worker.
+
+::
+
+    ledger = kvdrain.Ledger(capacity=4096)
+    ledger.register("cmpl-1-0", blocks=[7, 8], expect=2)      # engine thread
+    back = ledger.feed(nixl.get_new_notifs())                  # writer thread
+    for d in ledger.poll() + ledger.advance(now_ms):           # engine thread
+        ...  # d.kind, d.request_id, d.blocks
+"""
+
+from __future__ import annotations
+
+from kvdrain._errors import (
+    ClockBackwardsError,
+    ConfigError,
+    DuplicateRequestError,
+    FullError,
+    InvalidExpectError,
+    KvdrainError,
+    PlanError,
+    TopologyError,
+    UnknownRequestError,
+)
+from kvdrain._kvdrain import MAX_EDGES, TABLE_SIZES, Decision, Ledger, PushPlan
+from kvdrain._producer import Outcome, failure_notices
+
+__all__ = [
+    "MAX_EDGES",
+    "TABLE_SIZES",
+    "ClockBackwardsError",
+    "ConfigError",
+    "Decision",
+    "DuplicateRequestError",
+    "FullError",
+    "InvalidExpectError",
+    "KvdrainError",
+    "Ledger",
+    "Outcome",
+    "PlanError",
+    "PushPlan",
+    "TopologyError",
+    "UnknownRequestError",
+    "failure_notices",
+]

@@ -1,0 +1,60 @@
+//! Producer agent names (the keys of NIXL's `get_new_notifs()` dict) ↔ the core's
+//! [`AgentId`] numbers.
+//!
+//! Names get a number when a registration names them; a sender that no registration ever
+//! named is [`STRANGER`], which no edge can match (so in named-edge mode its notices are
+//! `unexpected_sender`, and in counting mode the sender does not matter).
+
+use std::collections::HashMap;
+
+use kvdrain::AgentId;
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+
+/// The number of senders that no registration names.
+pub(crate) const STRANGER: AgentId = AgentId(u16::MAX);
+
+/// Names interned so far, both ways.
+#[derive(Debug, Default)]
+pub(crate) struct AgentTable {
+    by_name: HashMap<String, u16>,
+    names: Vec<Py<PyString>>,
+}
+
+/// Every number below [`STRANGER`] is taken.
+#[derive(Debug)]
+pub(crate) struct AgentsExhausted;
+
+impl AgentTable {
+    /// The number of `name`, or [`STRANGER`] if no registration named it.
+    pub(crate) fn lookup(&self, name: &str) -> AgentId {
+        self.by_name.get(name).map_or(STRANGER, |&n| AgentId(n))
+    }
+
+    /// The number of `name`, giving it the next free one if it has none.
+    pub(crate) fn intern(
+        &mut self,
+        name: &Bound<'_, PyString>,
+    ) -> PyResult<Result<AgentId, AgentsExhausted>> {
+        let text = name.to_str()?;
+        if let Some(&n) = self.by_name.get(text) {
+            return Ok(Ok(AgentId(n)));
+        }
+        let Ok(n) = u16::try_from(self.names.len()) else {
+            return Ok(Err(AgentsExhausted));
+        };
+        if n == STRANGER.0 {
+            return Ok(Err(AgentsExhausted));
+        }
+        self.by_name.insert(text.to_owned(), n);
+        self.names.push(name.clone().unbind());
+        Ok(Ok(AgentId(n)))
+    }
+
+    /// The name of an interned number.
+    pub(crate) fn name(&self, py: Python<'_>, agent: AgentId) -> Option<Py<PyString>> {
+        self.names
+            .get(usize::from(agent.0))
+            .map(|n| n.clone_ref(py))
+    }
+}

@@ -1,0 +1,212 @@
+//! `kvdrain.PushPlan`: the failure notices a producer rank owes for one request, from the
+//! core's [`PushPlan`] (posted vs never-posted edges, F3/F4, at most one notice per edge).
+
+use kvdrain::producer::{EdgeState, PlanError, PushPlan, Topology, TopologyError};
+use kvdrain::wire::Completion;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+
+use crate::errors::{PlanError as PyPlanError, TopologyError as PyTopologyError};
+
+/// One request on one producer rank.
+#[pyclass(module = "kvdrain", name = "PushPlan")]
+#[derive(Debug)]
+pub(crate) struct PyPushPlan {
+    plan: PushPlan,
+    request_id: Py<PyString>,
+    /// `d_agents[d_rank]`: the consumer rank's NIXL agent name (`None`: not known).
+    d_agents: Vec<Option<Py<PyString>>>,
+    p_tp: u16,
+}
+
+fn topology_error(e: TopologyError) -> PyErr {
+    PyTopologyError::new_err(e.to_string())
+}
+
+fn plan_error(e: PlanError) -> PyErr {
+    PyPlanError::new_err(e.to_string())
+}
+
+fn state_name(s: EdgeState) -> &'static str {
+    match s {
+        EdgeState::Planned => "planned",
+        EdgeState::Posted => "posted",
+        EdgeState::Landed => "landed",
+        EdgeState::Failed { posted: true } => "failed_posted",
+        EdgeState::Failed { posted: false } => "failed_unposted",
+        EdgeState::Noticed => "noticed",
+        EdgeState::Unreachable => "unreachable",
+    }
+}
+
+impl PyPushPlan {
+    fn rank(d_rank: i64) -> PyResult<u16> {
+        u16::try_from(d_rank).map_err(|_| plan_error(PlanError::UnknownEdge(u16::MAX)))
+    }
+
+    /// `(agent, PUSH_FAIL bytes)` for each owed notice whose consumer agent is known.
+    fn owed<'py>(&self, py: Python<'py>) -> PyResult<Vec<(u16, Bound<'py, PyTuple>)>> {
+        let id = self.request_id.bind(py).to_str()?;
+        let completion = Completion {
+            request_id: id,
+            tp_size: self.p_tp,
+        };
+        let mut buf = vec![0u8; completion.encoded_len() + kvdrain::wire::PUSH_FAIL_PREFIX.len()];
+        let len = completion
+            .encode_failure(&mut buf)
+            .map_err(|e| PyPlanError::new_err(e.to_string()))?;
+        let mut out = Vec::new();
+        for d_rank in self.plan.owed_notices() {
+            if let Some(Some(agent)) = self.d_agents.get(usize::from(d_rank)) {
+                let pair = PyTuple::new(
+                    py,
+                    [
+                        agent.clone_ref(py).into_bound(py).into_any(),
+                        PyBytes::new(py, &buf[..len]).into_any(),
+                    ],
+                )?;
+                out.push((d_rank, pair));
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[pymethods]
+impl PyPushPlan {
+    #[new]
+    #[pyo3(signature = (request_id, *, p_tp, d_tp, d_agents, tp_rank, p_pp = 1, pp_stage = 0, mla = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        request_id: &Bound<'_, PyString>,
+        p_tp: u16,
+        d_tp: u16,
+        d_agents: Vec<Option<Py<PyString>>>,
+        tp_rank: u16,
+        p_pp: u16,
+        pp_stage: u16,
+        mla: bool,
+    ) -> PyResult<Self> {
+        if request_id.to_str()?.is_empty() {
+            return Err(PyPlanError::new_err("empty request id"));
+        }
+        let topology = Topology {
+            p_tp,
+            p_pp,
+            d_tp,
+            mla,
+        };
+        topology.validate().map_err(topology_error)?;
+        if d_agents.len() != usize::from(d_tp) {
+            return Err(PyTopologyError::new_err(format!(
+                "d_agents names {} consumer ranks, d_tp is {d_tp}",
+                d_agents.len()
+            )));
+        }
+        let plan = PushPlan::new(&topology, pp_stage, tp_rank).map_err(topology_error)?;
+        Ok(PyPushPlan {
+            plan,
+            request_id: request_id.clone().unbind(),
+            d_agents,
+            p_tp,
+        })
+    }
+
+    /// The consumer ranks this producer rank writes, in order.
+    #[getter]
+    fn targets(&self) -> Vec<u16> {
+        self.plan.edges().iter().map(|e| e.d_rank).collect()
+    }
+
+    /// `(d_rank, state)` per edge; states: planned, posted, landed, failed_posted,
+    /// failed_unposted, noticed, unreachable.
+    #[getter]
+    fn edges(&self) -> Vec<(u16, &'static str)> {
+        self.plan
+            .edges()
+            .iter()
+            .map(|e| (e.d_rank, state_name(e.state)))
+            .collect()
+    }
+
+    /// Whether the WRITE to `d_rank` may be posted now (not retired, edge still planned).
+    fn may_post(&self, d_rank: i64) -> PyResult<bool> {
+        Ok(self.plan.may_post(Self::rank(d_rank)?).is_ok())
+    }
+
+    /// The WRITE to `d_rank` was posted.
+    fn posted(&mut self, d_rank: i64) -> PyResult<()> {
+        self.plan.posted(Self::rank(d_rank)?).map_err(plan_error)
+    }
+
+    /// The WRITE to `d_rank` could not be described or posted: nothing was sent.
+    fn post_failed(&mut self, d_rank: i64) -> PyResult<()> {
+        self.plan
+            .post_failed(Self::rank(d_rank)?)
+            .map_err(plan_error)
+    }
+
+    /// The initiator saw the WRITE to `d_rank` succeed.
+    fn landed(&mut self, d_rank: i64) -> PyResult<()> {
+        self.plan.landed(Self::rank(d_rank)?).map_err(plan_error)
+    }
+
+    /// The posted WRITE to `d_rank` got a backend error: no completion will come from it.
+    fn failed(&mut self, d_rank: i64) -> PyResult<()> {
+        self.plan.failed(Self::rank(d_rank)?).map_err(plan_error)
+    }
+
+    /// Consumer rank `d_rank` cannot be named or reached: no notice can be sent to it.
+    fn unreachable(&mut self, d_rank: i64) -> PyResult<()> {
+        self.plan
+            .unreachable(Self::rank(d_rank)?)
+            .map_err(plan_error)
+    }
+
+    /// The request ended on this producer: nothing more is posted, every edge not yet
+    /// attempted is owed a notice.
+    fn retire(&mut self) {
+        self.plan.retire();
+    }
+
+    /// The failure notices owed now, `(consumer agent name, b"PUSH_FAIL:REQ:TP")`, one per
+    /// failed edge whose agent is known; does not mark them sent.
+    fn owed_notices<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let owed = self.owed(py)?;
+        PyList::new(py, owed.into_iter().map(|(_, pair)| pair))
+    }
+
+    /// The owed notices, each marked sent (hand every one to the transport).
+    fn take_owed_notices<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let owed = self.owed(py)?;
+        for (d_rank, _) in &owed {
+            self.plan.noticed(*d_rank).map_err(plan_error)?;
+        }
+        PyList::new(py, owed.into_iter().map(|(_, pair)| pair))
+    }
+
+    /// The notice for `d_rank` was handed to the transport.
+    fn noticed(&mut self, d_rank: i64) -> PyResult<()> {
+        self.plan.noticed(Self::rank(d_rank)?).map_err(plan_error)
+    }
+
+    /// No WRITE is in flight or still to post: the source blocks may be released.
+    #[getter]
+    fn is_terminal(&self) -> bool {
+        self.plan.is_terminal()
+    }
+
+    /// Every edge landed.
+    #[getter]
+    fn all_landed(&self) -> bool {
+        self.plan.all_landed()
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!(
+            "PushPlan(request_id={}, edges={:?})",
+            self.request_id.bind(py).repr()?,
+            self.edges()
+        ))
+    }
+}

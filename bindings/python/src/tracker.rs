@@ -1,0 +1,399 @@
+//! The ledger's two halves on the heap, each behind its own lock, for every table size the
+//! module offers.
+//!
+//! [`Halves<N>`] owns a boxed [`Ledger<N, EDGES>`] and the [`Ingest`] and [`Engine`] halves
+//! split from it (a self-referential holder: the halves borrow the box, which never moves
+//! and outlives them). The ingest half is locked by the thread that feeds NIXL batches and
+//! the engine half by the thread that registers, polls and advances, so the two never wait
+//! for each other: their only meeting point is the core's lock-free split.
+//!
+//! [`Tracker`] erases `N` so that one Python class can hold any table size; each method
+//! works on a whole batch, so the dynamic call is paid once per batch.
+
+use std::sync::{Arc, Mutex};
+
+use kvdrain::{
+    AbortError, AgentId, BlockHandle, ClockError, Config, Decision as CoreDecision, Engine,
+    EngineCounters, Expect, Ingest, IngestCounters, Ledger, Outstanding, RegisterErrorKind,
+    Registration,
+};
+use ouroboros::self_referencing;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString};
+use pyo3::{PyTraverseError, PyVisit};
+
+use crate::decision::Kind;
+use crate::lock::lock;
+use crate::requests::Requests;
+
+/// Named edges per request in every table the module builds (counting mode allows up to
+/// 64 notices whatever this is).
+pub(crate) const EDGES: usize = 8;
+
+/// The named edges of a registration (`None`: counting mode).
+pub(crate) type Agents = Option<Arc<[AgentId]>>;
+
+/// What the engine side keeps of a registration until its last decision.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) id: Py<PyString>,
+    pub(crate) blocks: Py<PyAny>,
+    /// Named-edge mode: the agents in registration order (bit `i` of
+    /// [`Outstanding::Edges`] is `agents[i]`), shared by the requests registered together;
+    /// empty in counting mode.
+    pub(crate) agents: Agents,
+}
+
+impl Entry {
+    fn clone_ref(&self, py: Python<'_>) -> Entry {
+        Entry {
+            id: self.id.clone_ref(py),
+            blocks: self.blocks.clone_ref(py),
+            agents: self.agents.clone(),
+        }
+    }
+}
+
+/// A decision taken under the engine lock; it becomes a Python object after the lock is
+/// released.
+#[derive(Debug)]
+pub(crate) struct Taken {
+    pub(crate) kind: Kind,
+    pub(crate) entry: Entry,
+    pub(crate) at_ms: u64,
+    pub(crate) forced: bool,
+    pub(crate) outstanding: Option<Outstanding>,
+}
+
+/// One NIXL batch, sender by sender: `(agent number, the dict key, its messages)`.
+pub(crate) type Batch<'py> = [(AgentId, Bound<'py, PyAny>, Bound<'py, PyList>)];
+
+/// What a batch gave back: the producer-bound messages `(dict key, message)`, untouched.
+#[derive(Debug, Default)]
+pub(crate) struct Fed<'py> {
+    pub(crate) producer_bound: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+}
+
+/// The table-size-independent face of [`Halves`].
+pub(crate) trait Tracker: Send + Sync {
+    /// Feeds every message of a batch to the ingest half.
+    fn feed<'py>(&self, py: Python<'py>, batch: &Batch<'py>) -> Fed<'py>;
+    /// Registers each `(entry, count)` in order under one lock; stops at the first refusal
+    /// and hands back its position, why, and the refused entry. The entries after it are
+    /// left in `entries`.
+    fn register_many(
+        &self,
+        py: Python<'_>,
+        entries: &mut std::vec::IntoIter<(Entry, Option<u8>)>,
+        deadline_ms: Option<u64>,
+    ) -> PyResult<Result<(), (RegisterErrorKind, Entry)>>;
+    /// Decisions the ingest half made ready.
+    fn poll(&self, py: Python<'_>) -> Vec<Taken>;
+    /// The same, with the completed requests' ids apart (no [`Taken`] made for them).
+    fn poll_split(
+        &self,
+        py: Python<'_>,
+        completed: &mut Vec<Py<PyString>>,
+        others: &mut Vec<Taken>,
+    );
+    /// Moves the clock; deadlines and quarantine ends fire.
+    fn advance(&self, py: Python<'_>, now_ms: u64) -> Result<Vec<Taken>, ClockError>;
+    /// Aborts a request by id.
+    fn abort(&self, py: Python<'_>, id: &str) -> Result<Taken, AbortError>;
+    /// Resolves every outstanding named edge of `agent` as failed.
+    fn fence(&self, py: Python<'_>, agent: AgentId) -> (u32, Vec<Taken>);
+    /// Both halves' counters plus the entries that were not `bytes`.
+    fn counters(&self, py: Python<'_>) -> (IngestCounters, u64, EngineCounters);
+    /// Visits every Python object the engine side holds (`tp_traverse`). Skips them if
+    /// the engine half is locked right now: unvisited references only keep objects alive.
+    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError>;
+    /// Takes out every registration (`tp_clear`: the ledger is unreachable), or nothing if
+    /// the engine half is locked right now.
+    fn clear(&self) -> Vec<Entry>;
+    /// Clock, next timer, requests tracked.
+    fn clock(&self, py: Python<'_>) -> (u64, Option<u64>, usize);
+}
+
+/// What the ingest lock guards.
+#[derive(Debug)]
+struct IngestSide<'l, const N: usize> {
+    ingest: Ingest<'l, N, EDGES>,
+    not_bytes: u64,
+}
+
+/// What the engine lock guards.
+#[derive(Debug)]
+struct EngineSide<'l, const N: usize> {
+    engine: Engine<'l, N, EDGES>,
+    /// Live registrations by request key.
+    requests: Requests,
+}
+
+#[derive(Debug)]
+struct Sides<'l, const N: usize> {
+    ingest: Mutex<IngestSide<'l, N>>,
+    engine: Mutex<EngineSide<'l, N>>,
+}
+
+/// A heap ledger of `N` requests and its two halves.
+#[self_referencing]
+pub(crate) struct Halves<const N: usize> {
+    ledger: Box<Ledger<N, EDGES>>,
+    #[borrows(mut ledger)]
+    #[not_covariant]
+    sides: Sides<'this, N>,
+}
+
+impl<const N: usize> std::fmt::Debug for Halves<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Halves")
+            .field("N", &N)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a `Ledger<N, EDGES>` and splits it. [`Ledger::new`] builds the value on the
+/// stack (13 MiB at `N` = 65 536), so this runs on a thread whose stack has room for it.
+pub(crate) fn build<const N: usize>(config: Config) -> std::io::Result<Box<dyn Tracker>> {
+    let bytes = std::mem::size_of::<Ledger<N, EDGES>>();
+    std::thread::Builder::new()
+        .name("kvdrain-ledger".into())
+        .stack_size(bytes * 4 + (4 << 20))
+        .spawn(move || -> Box<dyn Tracker> {
+            let ledger = Box::new(Ledger::<N, EDGES>::new(config));
+            Box::new(
+                HalvesBuilder {
+                    ledger,
+                    sides_builder: |ledger: &mut Box<Ledger<N, EDGES>>| {
+                        let (ingest, engine) = ledger.split();
+                        Sides {
+                            ingest: Mutex::new(IngestSide {
+                                ingest,
+                                not_bytes: 0,
+                            }),
+                            engine: Mutex::new(EngineSide {
+                                engine,
+                                requests: Requests::new(N),
+                            }),
+                        }
+                    },
+                }
+                .build(),
+            )
+        })?
+        .join()
+        .map_err(|_| std::io::Error::other("building the ledger panicked"))
+}
+
+/// Turns one of the core's decisions into a [`Taken`]; completed and released requests
+/// leave the table. `None` only for a key this side never registered (a bookkeeping bug:
+/// there is no request to tell the caller about).
+fn taken(requests: &mut Requests, py: Python<'_>, at_ms: u64, d: CoreDecision) -> Option<Taken> {
+    let key = d.key().get();
+    let (kind, entry, forced, outstanding) = match d {
+        CoreDecision::Completed(drained) => {
+            let BlockHandle(_) = drained.into_decode();
+            (Kind::Completed, requests.remove(key), false, None)
+        }
+        CoreDecision::Failed(_) => (
+            Kind::Failed,
+            requests.get(key).map(|e| e.clone_ref(py)),
+            false,
+            None,
+        ),
+        CoreDecision::Expired(q) => (
+            Kind::Expired,
+            requests.get(key).map(|e| e.clone_ref(py)),
+            false,
+            Some(q.outstanding()),
+        ),
+        CoreDecision::Released(r) => {
+            let forced = r.forced();
+            let BlockHandle(_) = r.into_free();
+            (Kind::Released, requests.remove(key), forced, None)
+        }
+    };
+    Some(Taken {
+        kind,
+        entry: entry?,
+        at_ms,
+        forced,
+        outstanding,
+    })
+}
+
+impl<const N: usize> Tracker for Halves<N> {
+    fn feed<'py>(&self, py: Python<'py>, batch: &Batch<'py>) -> Fed<'py> {
+        let mut fed = Fed::default();
+        self.with_sides(|sides| {
+            let mut side = lock(py, &sides.ingest);
+            for (agent, key, messages) in batch {
+                for message in messages.iter() {
+                    let Ok(bytes) = message.cast::<PyBytes>() else {
+                        side.not_bytes += 1;
+                        continue;
+                    };
+                    // A decided request waits on the ready ring for the engine's `poll`;
+                    // an ignored notice is counted by the core.
+                    if let Err(ignored) = side.ingest.handle_notification(*agent, bytes.as_bytes())
+                        && ignored.reason == kvdrain::IgnoreReason::NotForConsumer
+                    {
+                        fed.producer_bound.push((key.clone(), message.clone()));
+                    }
+                }
+            }
+        });
+        fed
+    }
+
+    fn register_many(
+        &self,
+        py: Python<'_>,
+        entries: &mut std::vec::IntoIter<(Entry, Option<u8>)>,
+        deadline_ms: Option<u64>,
+    ) -> PyResult<Result<(), (RegisterErrorKind, Entry)>> {
+        self.with_sides(|sides| {
+            let mut side = lock(py, &sides.engine);
+            for (entry, count) in entries.by_ref() {
+                let id_object = entry.id.bind(py);
+                let id = id_object.to_str()?;
+                let expect = match count {
+                    Some(n) => Expect::Count(n),
+                    None => Expect::Edges(entry.agents.as_deref().unwrap_or_default()),
+                };
+                let registration = Registration {
+                    id,
+                    blocks: BlockHandle(0),
+                    expect,
+                    deadline_ms,
+                };
+                match side.engine.register(registration) {
+                    Ok(ticket) => {
+                        side.requests.insert(ticket.key().get(), entry);
+                    }
+                    Err(e) => return Ok(Err((e.kind, entry))),
+                }
+            }
+            Ok(Ok(()))
+        })
+    }
+
+    fn poll(&self, py: Python<'_>) -> Vec<Taken> {
+        let mut out = Vec::new();
+        self.with_sides(|sides| {
+            let mut side = lock(py, &sides.engine);
+            let EngineSide { engine, requests } = &mut *side;
+            let at_ms = engine.now();
+            engine.poll(|d| out.extend(taken(requests, py, at_ms, d)));
+        });
+        out
+    }
+
+    fn poll_split(
+        &self,
+        py: Python<'_>,
+        completed: &mut Vec<Py<PyString>>,
+        others: &mut Vec<Taken>,
+    ) {
+        self.with_sides(|sides| {
+            let mut side = lock(py, &sides.engine);
+            let EngineSide { engine, requests } = &mut *side;
+            let at_ms = engine.now();
+            engine.poll(|d| match d {
+                CoreDecision::Completed(drained) => {
+                    let key = drained.key().get();
+                    let BlockHandle(_) = drained.into_decode();
+                    if let Some(entry) = requests.remove(key) {
+                        // Dropped as a `Bound`: a plain decref, no check for an attached
+                        // thread; nothing runs, the caller still holds its blocks object.
+                        drop(entry.blocks.into_bound(py));
+                        completed.push(entry.id);
+                    }
+                }
+                other => others.extend(taken(requests, py, at_ms, other)),
+            });
+        });
+    }
+
+    fn advance(&self, py: Python<'_>, now_ms: u64) -> Result<Vec<Taken>, ClockError> {
+        let mut out = Vec::new();
+        self.with_sides(|sides| {
+            let mut side = lock(py, &sides.engine);
+            let EngineSide { engine, requests } = &mut *side;
+            engine.advance(now_ms, |d| out.extend(taken(requests, py, now_ms, d)))
+        })?;
+        Ok(out)
+    }
+
+    fn abort(&self, py: Python<'_>, id: &str) -> Result<Taken, AbortError> {
+        self.with_sides(|sides| {
+            let mut side = lock(py, &sides.engine);
+            let q = side.engine.abort_id(id)?;
+            let entry = side.requests.get(q.key().get()).map(|e| e.clone_ref(py));
+            // A request the core tracks is always in the table; if it were not, the abort
+            // would concern nothing the caller registered.
+            let entry = entry.ok_or(AbortError::Unknown)?;
+            Ok(Taken {
+                kind: Kind::Aborted,
+                entry,
+                at_ms: side.engine.now(),
+                forced: false,
+                outstanding: Some(q.outstanding()),
+            })
+        })
+    }
+
+    fn fence(&self, py: Python<'_>, agent: AgentId) -> (u32, Vec<Taken>) {
+        let mut out = Vec::new();
+        let resolved = self.with_sides(|sides| {
+            let mut side = lock(py, &sides.engine);
+            let EngineSide { engine, requests } = &mut *side;
+            let at_ms = engine.now();
+            engine.fence(agent, |d| out.extend(taken(requests, py, at_ms, d)))
+        });
+        (resolved, out)
+    }
+
+    fn counters(&self, py: Python<'_>) -> (IngestCounters, u64, EngineCounters) {
+        self.with_sides(|sides| {
+            let (ingest, not_bytes) = {
+                let side = lock(py, &sides.ingest);
+                (*side.ingest.counters(), side.not_bytes)
+            };
+            let engine = *lock(py, &sides.engine).engine.counters();
+            (ingest, not_bytes, engine)
+        })
+    }
+
+    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.with_sides(|sides| {
+            // No GIL calls here (none are allowed while the collector traverses).
+            let Ok(side) = sides.engine.try_lock() else {
+                return Ok(());
+            };
+            for entry in side.requests.iter() {
+                visit.call(&entry.id)?;
+                visit.call(&entry.blocks)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn clear(&self) -> Vec<Entry> {
+        self.with_sides(|sides| match sides.engine.try_lock() {
+            Ok(mut side) => side.requests.take_all(),
+            Err(_) => Vec::new(),
+        })
+    }
+
+    fn clock(&self, py: Python<'_>) -> (u64, Option<u64>, usize) {
+        self.with_sides(|sides| {
+            let side = lock(py, &sides.engine);
+            (
+                side.engine.now(),
+                side.engine.next_timer(),
+                side.engine.len(),
+            )
+        })
+    }
+}

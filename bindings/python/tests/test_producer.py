@@ -1,0 +1,106 @@
+"""The producer side: the failure notices owed, from the topology and each write's outcome."""
+
+from __future__ import annotations
+
+import pytest
+
+import kvdrain
+from kvdrain import PushPlan, failure_notices
+
+
+def test_equal_tp_each_rank_writes_its_own() -> None:
+    plan = PushPlan("r", p_tp=2, d_tp=2, d_agents=["D0", "D1"], tp_rank=1)
+    assert plan.targets == [1]
+    assert plan.edges == [(1, "planned")]
+
+
+def test_smaller_producer_tp_writes_head_slices_to_several_ranks() -> None:
+    plan = PushPlan("r", p_tp=1, d_tp=4, d_agents=["D0", "D1", "D2", "D3"], tp_rank=0)
+    assert plan.targets == [0, 1, 2, 3]
+
+
+def test_posted_write_with_backend_error_owes_push_fail() -> None:
+    owed = failure_notices(
+        "cmpl-1", {0: "landed", 1: "failed"}, p_tp=1, d_tp=2, d_agents=["D0", "D1"], tp_rank=0
+    )
+    assert owed == [("D1", b"PUSH_FAIL:cmpl-1:1")]
+
+
+def test_unposted_and_unattempted_writes_owe_push_fail() -> None:
+    owed = failure_notices(
+        "r:with:colons",
+        {0: "post_failed"},  # ranks 1..3 never attempted: the loop unwound
+        p_tp=1,
+        d_tp=4,
+        d_agents=["D0", "D1", "D2", "D3"],
+        tp_rank=0,
+    )
+    assert [a for a, _ in owed] == ["D0", "D1", "D2", "D3"]
+    assert {m for _, m in owed} == {b"PUSH_FAIL:r:with:colons:1"}
+
+
+def test_unreachable_consumer_is_owed_nothing() -> None:
+    owed = failure_notices(
+        "r", {0: "unreachable", 1: "failed"}, p_tp=1, d_tp=2, d_agents=[None, "D1"], tp_rank=0
+    )
+    assert owed == [("D1", b"PUSH_FAIL:r:1")]
+
+
+def test_all_landed_owes_nothing_and_is_terminal() -> None:
+    plan = PushPlan("r", p_tp=2, d_tp=1, d_agents=["D0"], tp_rank=0, p_pp=2, pp_stage=1)
+    assert plan.may_post(0)
+    plan.posted(0)
+    assert not plan.is_terminal and not plan.may_post(0)
+    plan.landed(0)
+    assert plan.is_terminal and plan.all_landed and plan.take_owed_notices() == []
+
+
+def test_retired_plan_refuses_posts_f4() -> None:
+    plan = PushPlan("r", p_tp=1, d_tp=1, d_agents=["D0"], tp_rank=0)
+    plan.retire()
+    assert not plan.may_post(0)
+    with pytest.raises(kvdrain.PlanError):
+        plan.posted(0)
+    assert plan.take_owed_notices() == [("D0", b"PUSH_FAIL:r:1")]
+    assert plan.edges == [(0, "noticed")]
+    with pytest.raises(kvdrain.PlanError):
+        plan.noticed(0)  # never two notices for one edge
+
+
+def test_each_notice_is_owed_once() -> None:
+    plan = PushPlan("r", p_tp=1, d_tp=1, d_agents=["D0"], tp_rank=0)
+    plan.posted(0)
+    plan.failed(0)
+    assert plan.edges == [(0, "failed_posted")]
+    assert plan.owed_notices() == plan.owed_notices() == [("D0", b"PUSH_FAIL:r:1")]
+    plan.noticed(0)
+    assert plan.owed_notices() == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(p_tp=0, d_tp=1, d_agents=["D0"], tp_rank=0),
+        dict(p_tp=3, d_tp=2, d_agents=["D0", "D1"], tp_rank=0),
+        dict(p_tp=2, d_tp=1, d_agents=["D0"], tp_rank=2),
+        dict(p_tp=1, d_tp=1, d_agents=["D0"], tp_rank=0, pp_stage=1),
+        dict(p_tp=1, d_tp=2, d_agents=["D0"], tp_rank=0),
+    ],
+)
+def test_bad_topologies_raise(kwargs: dict[str, object]) -> None:
+    with pytest.raises(kvdrain.TopologyError):
+        PushPlan("r", **kwargs)  # type: ignore[arg-type]
+
+
+def test_misuse_raises_plan_error() -> None:
+    plan = PushPlan("r", p_tp=1, d_tp=1, d_agents=["D0"], tp_rank=0)
+    with pytest.raises(kvdrain.PlanError):
+        plan.landed(0)  # not posted
+    with pytest.raises(kvdrain.PlanError):
+        plan.posted(5)  # no such edge
+    with pytest.raises(kvdrain.PlanError):
+        plan.posted(-1)
+    with pytest.raises(kvdrain.PlanError):
+        failure_notices("r", {3: "landed"}, p_tp=1, d_tp=1, d_agents=["D0"], tp_rank=0)
+    with pytest.raises(kvdrain.PlanError):
+        PushPlan("", p_tp=1, d_tp=1, d_agents=["D0"], tp_rank=0)
