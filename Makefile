@@ -2,17 +2,18 @@
 # Both install what they need first (idempotent).
 
 CARGO ?= cargo
+PREFIX ?= /usr/local
 LOOM_TARGET := target/loom
 FUZZ_SECONDS ?= 20
 
-.PHONY: demo test setup setup-nixl setup-tools check fmt clippy doc unit release-suites nostd loom miri fuzz-smoke replay
+.PHONY: demo test setup setup-nixl setup-tools check fmt clippy doc unit release-suites nostd loom miri fuzz-smoke replay c-header c-header-check c-test install
 
 ## The main job: P(TP=2) -> D(TP=1) over real NIXL in one process.
 demo: setup-nixl
 	$(CARGO) run --release -p kvdrain-cli --features nixl -- demo $(DEMO_ARGS)
 
 ## Every test and check CI runs.
-test: setup check unit release-suites nostd loom miri fuzz-smoke
+test: setup check unit release-suites nostd loom miri fuzz-smoke c-test
 	@echo "make test: all suites passed"
 
 setup: setup-nixl setup-tools
@@ -60,6 +61,23 @@ miri:
 ## Build every fuzz target and run each for FUZZ_SECONDS.
 fuzz-smoke:
 	bash scripts/fuzz-smoke.sh $(FUZZ_SECONDS)
+
+## The C ABI (bindings/c): regenerate the committed header after changing the crate.
+c-header: setup-tools
+	cd bindings/c && cbindgen -q --config cbindgen.toml --crate kvdrain-ffi --output include/kvdrain.h
+
+## Fails when bindings/c/include/kvdrain.h is not what cbindgen generates now.
+c-header-check: setup-tools
+	cd bindings/c && cbindgen -q --config cbindgen.toml --crate kvdrain-ffi --verify --output include/kvdrain.h
+
+## Header check, the C catalogue under ASan+UBSan, the C++ example, the README example,
+## and the catalogue against an installed copy through pkg-config.
+c-test: setup-tools
+	bash scripts/c-test.sh
+
+## Installs kvdrain.h, libkvdrain.a, libkvdrain.so and kvdrain.pc under PREFIX.
+install:
+	bash scripts/c-install.sh "$(PREFIX)"
 
 replay:
 	$(CARGO) run --release --bin kvdrain -- replay $(TRACE)
