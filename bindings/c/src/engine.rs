@@ -129,7 +129,8 @@ fn register(side: &mut EngineSide, r: &kvdrain_registration, key_out: *mut u64) 
     let Ok(id) = core::str::from_utf8(id) else {
         return KVDRAIN_ERR_INVALID;
     };
-    let mut list = [AgentId(0); AGENT_LIST_MAX];
+    // Initialised only in named-edge mode: counting mode (the hot path) skips the copy.
+    let list: [AgentId; AGENT_LIST_MAX];
     let expect = if agents.is_empty() {
         match u8::try_from(r.count) {
             Ok(n) => Expect::Count(n),
@@ -142,9 +143,7 @@ fn register(side: &mut EngineSide, r: &kvdrain_registration, key_out: *mut u64) 
         if agents.len() > AGENT_LIST_MAX {
             return KVDRAIN_ERR_BAD_EDGES;
         }
-        for (to, &from) in list.iter_mut().zip(agents) {
-            *to = AgentId(from);
-        }
+        list = core::array::from_fn(|i| AgentId(agents.get(i).copied().unwrap_or(0)));
         Expect::Edges(&list[..agents.len()])
     };
     let registration = Registration {

@@ -7,10 +7,15 @@
 //! `KVDRAIN_ERR_STALE` rather than reaching the core.
 //!
 //! Keys are the core's registration numbers (0, 1, 2, ...). The table is open addressing
-//! with linear probing on `key & mask` (consecutive keys land in consecutive cells) and
-//! backward-shift deletion; it has twice as many cells as the ledger's capacity, and a
-//! ticket lives only while its request holds a slot, so it is at most half full. It is
-//! allocated once, with the ledger.
+//! on `key & mask`, so consecutive keys land in consecutive cells, with Robin Hood
+//! ordering (along a probe run, cells sit no farther from home than the cells before them
+//! allow) and backward-shift deletion. The ordering matters here: the live keys form one
+//! long run of occupied cells, so a plain linear-probing table would scan the whole run on
+//! every removal and every miss; with it a lookup stops at the first cell closer to its
+//! home than the probe, and a removal at the first cell already at home, which with
+//! mostly consecutive keys is the next one. The table has twice as many cells as the
+//! ledger's capacity, and a ticket lives only while its request holds a slot, so it is at
+//! most half full. It is allocated once, with the ledger.
 
 use kvdrain::Counting;
 
@@ -54,6 +59,15 @@ impl Tickets {
         }
     }
 
+    fn home(&self, tag: u64) -> usize {
+        (tag - 1) as usize & self.mask
+    }
+
+    /// How far the occupied cell at `pos` sits from its home cell.
+    fn displacement(&self, pos: usize) -> usize {
+        pos.wrapping_sub(self.home(self.cells[pos].tag)) & self.mask
+    }
+
     /// Keeps the ticket of a fresh registration.
     ///
     /// # Panics
@@ -63,15 +77,27 @@ impl Tickets {
         let key = ticket.key().get();
         assert!(self.len < self.cells.len(), "ticket table full");
         self.issued = self.issued.max(key + 1);
-        let mut pos = key as usize & self.mask;
-        while self.cells[pos].tag != 0 {
-            pos = (pos + 1) & self.mask;
-        }
-        self.cells[pos] = Cell {
+        let mut carry = Cell {
             tag: key + 1,
             ticket: Some(ticket),
         };
-        self.len += 1;
+        let mut pos = self.home(carry.tag);
+        let mut distance = 0;
+        loop {
+            if self.cells[pos].tag == 0 {
+                self.cells[pos] = carry;
+                self.len += 1;
+                return;
+            }
+            // Robin Hood: the cell closer to its home gives way to the one farther away.
+            let theirs = self.displacement(pos);
+            if theirs < distance {
+                core::mem::swap(&mut self.cells[pos], &mut carry);
+                distance = theirs;
+            }
+            pos = (pos + 1) & self.mask;
+            distance += 1;
+        }
     }
 
     /// Removes and returns the ticket of `key`.
@@ -79,13 +105,14 @@ impl Tickets {
         if key >= self.issued {
             return Lookup::NeverIssued;
         }
-        let mut pos = key as usize & self.mask;
-        for _ in 0..self.cells.len() {
-            let tag = self.cells[pos].tag;
-            if tag == 0 {
+        let tag = key + 1;
+        let mut pos = self.home(tag);
+        for distance in 0..self.cells.len() {
+            let here = self.cells[pos].tag;
+            if here == 0 || self.displacement(pos) < distance {
                 return Lookup::Spent;
             }
-            if tag == key + 1 {
+            if here == tag {
                 let ticket = self.cells[pos].ticket.take();
                 self.remove_at(pos);
                 return ticket.map_or(Lookup::Spent, Lookup::Live);
@@ -105,28 +132,19 @@ impl Tickets {
         self.len
     }
 
-    /// Empties cell `hole` and shifts later cells of its probe run back, so every kept
-    /// key stays reachable from its home cell without tombstones.
+    /// Empties cell `hole` and shifts the displaced cells after it back by one, up to the
+    /// first empty cell or cell at home, so the Robin Hood order holds without
+    /// tombstones.
     fn remove_at(&mut self, mut hole: usize) {
-        self.cells[hole].tag = 0;
         self.len -= 1;
-        let mut pos = (hole + 1) & self.mask;
         loop {
-            let tag = self.cells[pos].tag;
-            if tag == 0 {
+            let next = (hole + 1) & self.mask;
+            if self.cells[next].tag == 0 || self.displacement(next) == 0 {
+                self.cells[hole] = Cell::default();
                 return;
             }
-            let home = (tag - 1) as usize & self.mask;
-            // The cell may move into the hole if its home is not cyclically in
-            // (hole, pos].
-            let dist_home = pos.wrapping_sub(home) & self.mask;
-            let dist_hole = pos.wrapping_sub(hole) & self.mask;
-            if dist_home >= dist_hole {
-                let moved = core::mem::take(&mut self.cells[pos]);
-                self.cells[hole] = moved;
-                hole = pos;
-            }
-            pos = (pos + 1) & self.mask;
+            self.cells[hole] = core::mem::take(&mut self.cells[next]);
+            hole = next;
         }
     }
 }
@@ -170,7 +188,8 @@ mod tests {
     }
 
     /// Keys that collide (same `key & mask`) and wrap around the end of the table stay
-    /// reachable after any removal order: checked against a plain list.
+    /// reachable after any removal order, and spent keys read as spent: checked against a
+    /// plain list.
     #[test]
     fn backward_shift_keeps_every_colliding_key_reachable() {
         let mut ledger = Ledger::<64, 8>::new(Config::with_capacity(64));
@@ -189,6 +208,7 @@ mod tests {
             if live.len() == 4 {
                 let victim = live.swap_remove(next() as usize % live.len());
                 assert!(matches!(t.take(victim), Lookup::Live(c) if c.key().get() == victim));
+                assert_eq!(t.take(victim), Lookup::Spent);
             }
             live.push(ticket.key().get());
             t.insert(ticket);
@@ -197,6 +217,14 @@ mod tests {
                 while t.cells[pos].tag != k + 1 {
                     assert_ne!(t.cells[pos].tag, 0, "key {k} unreachable");
                     pos = (pos + 1) & t.mask;
+                }
+            }
+            // The Robin Hood order: along a run, displacement grows by at most one.
+            for pos in 0..t.cells.len() {
+                let next = (pos + 1) & t.mask;
+                if t.cells[next].tag != 0 && t.displacement(next) > 0 {
+                    assert_ne!(t.cells[pos].tag, 0, "displaced cell after a hole");
+                    assert!(t.displacement(next) <= t.displacement(pos) + 1);
                 }
             }
             assert_eq!(t.len(), live.len());

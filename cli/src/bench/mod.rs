@@ -8,6 +8,7 @@
 //! | `bench sweep` | `bench ingest` for R = 64 … 65 536 × E = 1, 2, 8, 32, and how flat it is |
 //! | `bench tick` | cost of one [`advance`](kvdrain::Ledger::advance) with many requests in flight and few expiring |
 //! | `bench memory` | `size_of` of the ledger and per tracked request |
+//! | `bench c-api` | ns per notification through the C ABI (`kvdrain-ffi`) next to the Rust API, and the ratio |
 //! | `bench stream` | the message stream, one a line (to `cmp` against the Python generator) |
 //!
 //! Every command prints JSON lines. The message stream ([`stream`]) is byte-identical to
@@ -20,6 +21,7 @@ pub mod floor;
 pub mod ingest;
 pub mod stream;
 
+mod c_api;
 mod compare;
 mod memory;
 mod sweep;
@@ -42,6 +44,8 @@ usage: kvdrain bench <what> [flags]
           [--max-inflight 65536] [--mode ..] [--fail-share F] [--reps K] [--seed S]
   tick    [--inflight 65536] [--expiring 4] [--ticks 4096] [--reps K]
   memory
+  c-api   --inflight R --edges E [--notifications 2000000] [--mode ..] [--fail-share F]
+          [--reps 11] [--seed S] [--target 1.10]
   stream  --inflight R --edges E --notifications M [--fail-share F] [--seed S]
 
 numbers accept `_` separators and a 0x prefix; every command prints JSON lines.
@@ -64,6 +68,7 @@ pub fn main(args: &[String]) -> ExitCode {
         "sweep" => sweep::main(flags),
         "tick" => tick::main(flags),
         "memory" => memory::main(flags),
+        "c-api" => c_api::main(flags),
         "stream" => ingest::stream_main(flags),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
