@@ -116,6 +116,17 @@ impl From<&EngineCounters> for kvdrain_engine_counters {
     }
 }
 
+/// `bytes` as UTF-8, with a fast path for ASCII (what request ids are in practice).
+#[inline]
+pub(crate) fn utf8(bytes: &[u8]) -> Option<&str> {
+    if bytes.is_ascii() {
+        // SAFETY: ASCII is valid UTF-8.
+        Some(unsafe { core::str::from_utf8_unchecked(bytes) })
+    } else {
+        core::str::from_utf8(bytes).ok()
+    }
+}
+
 /// The most agents a registration may list before the core sees it (the core refuses
 /// more than `KVDRAIN_MAX_EDGES` itself and counts the refusal).
 const AGENT_LIST_MAX: usize = 64;
@@ -126,7 +137,7 @@ fn register(side: &mut EngineSide, r: &kvdrain_registration, key_out: *mut u64) 
         (Ok(id), Ok(agents)) => (id, agents),
         (Err(e), _) | (_, Err(e)) => return e,
     };
-    let Ok(id) = core::str::from_utf8(id) else {
+    let Some(id) = utf8(id) else {
         return KVDRAIN_ERR_INVALID;
     };
     // Initialised only in named-edge mode: counting mode (the hot path) skips the copy.

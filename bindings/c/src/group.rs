@@ -40,10 +40,14 @@ pub(crate) type CoreIngest = Ingest<'static, N, E>;
 /// cbindgen:ignore
 pub(crate) type CoreEngine = Engine<'static, N, E>;
 
-/// A handle's life.
+/// A handle's state word: 0 while usable, else the bits below.
 const LIVE: u32 = 0;
+/// The handle itself was freed.
 const FREED: u32 = 1;
+/// A call through it panicked.
 const POISONED: u32 = 2;
+/// (Halves) the ledger handle was freed.
+const LEDGER_FREED: u32 = 4;
 
 /// The owner of a ledger: create with `kvdrain_ledger_new`, split once with
 /// `kvdrain_ledger_split`, free with `kvdrain_ledger_free`. Any thread, one call at a time.
@@ -201,7 +205,7 @@ impl Handle for kvdrain_engine {
 fn check_state(state: &AtomicU32) -> Result<(), kvdrain_status> {
     match state.load(Ordering::Acquire) {
         LIVE => Ok(()),
-        FREED => Err(KVDRAIN_ERR_FREED),
+        s if s & (FREED | LEDGER_FREED) != 0 => Err(KVDRAIN_ERR_FREED),
         _ => Err(KVDRAIN_ERR_PANIC),
     }
 }
@@ -222,13 +226,9 @@ pub(crate) unsafe fn with_half<H: Handle>(
     let Some(handle) = (unsafe { ptr.as_ref() }) else {
         return KVDRAIN_ERR_NULL;
     };
+    // One load covers the handle's own free, its ledger's free and poisoning.
     if let Err(status) = check_state(handle.state()) {
         return status;
-    }
-    // SAFETY: the group outlives its handles.
-    let group = unsafe { &*handle.group() };
-    if group.ledger.state.load(Ordering::Acquire) != LIVE {
-        return KVDRAIN_ERR_FREED;
     }
     // SAFETY: only the one thread calling through this handle touches its cell (the
     // threading contract), and `free` is not concurrent with a call on the same handle.
@@ -238,7 +238,7 @@ pub(crate) unsafe fn with_half<H: Handle>(
     match catch_unwind(AssertUnwindSafe(|| f(inner))) {
         Ok(status) => status,
         Err(_) => {
-            handle.state().store(POISONED, Ordering::Release);
+            handle.state().fetch_or(POISONED, Ordering::AcqRel);
             KVDRAIN_ERR_PANIC
         }
     }
@@ -255,7 +255,7 @@ pub(crate) unsafe fn free_half<H: Handle>(ptr: *const H) {
         let Some(handle) = (unsafe { ptr.as_ref() }) else {
             return;
         };
-        if handle.state().swap(FREED, Ordering::AcqRel) == FREED {
+        if handle.state().fetch_or(FREED, Ordering::AcqRel) & FREED != 0 {
             return;
         }
         // SAFETY: no call through this handle runs now (contract); drop what it holds.
@@ -300,10 +300,21 @@ pub(crate) unsafe fn free_ledger(ledger: *const kvdrain_ledger) {
         let Some(handle) = (unsafe { ledger.as_ref() }) else {
             return;
         };
-        if handle.state.swap(FREED, Ordering::AcqRel) == FREED {
+        if handle.state.fetch_or(FREED, Ordering::AcqRel) & FREED != 0 {
             return;
         }
         let group = handle.group;
+        // SAFETY: the group is live while this handle is: its halves now refuse calls.
+        unsafe {
+            (*group)
+                .ingest
+                .state
+                .fetch_or(LEDGER_FREED, Ordering::AcqRel);
+            (*group)
+                .engine
+                .state
+                .fetch_or(LEDGER_FREED, Ordering::AcqRel);
+        }
         // SAFETY: the ledger handle held one reference and is not used after this.
         unsafe { Group::release(group) };
     }));

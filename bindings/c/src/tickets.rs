@@ -19,17 +19,13 @@
 
 use kvdrain::Counting;
 
-#[derive(Debug, Default)]
-struct Cell {
-    /// `key + 1`; 0 marks an empty cell.
-    tag: u64,
-    ticket: Option<Counting>,
-}
-
 /// Tickets of the requests still counting, by key.
 #[derive(Debug)]
 pub(crate) struct Tickets {
-    cells: Box<[Cell]>,
+    /// `key + 1` per cell; 0 marks an empty cell. Probes read only this array.
+    tags: Box<[u64]>,
+    /// The ticket of each occupied cell.
+    tickets: Box<[Option<Counting>]>,
     mask: usize,
     len: usize,
     /// One past the highest key issued: keys at or above it were never issued.
@@ -52,20 +48,18 @@ impl Tickets {
     pub(crate) fn with_capacity(capacity: usize) -> Self {
         let cells = (2 * capacity.max(1)).next_power_of_two();
         Tickets {
-            cells: (0..cells).map(|_| Cell::default()).collect(),
+            tags: vec![0; cells].into_boxed_slice(),
+            tickets: (0..cells).map(|_| None).collect(),
             mask: cells - 1,
             len: 0,
             issued: 0,
         }
     }
 
-    fn home(&self, tag: u64) -> usize {
-        (tag - 1) as usize & self.mask
-    }
-
     /// How far the occupied cell at `pos` sits from its home cell.
+    #[inline]
     fn displacement(&self, pos: usize) -> usize {
-        pos.wrapping_sub(self.home(self.cells[pos].tag)) & self.mask
+        pos.wrapping_sub((self.tags[pos] - 1) as usize) & self.mask
     }
 
     /// Keeps the ticket of a fresh registration.
@@ -75,29 +69,33 @@ impl Tickets {
     /// the FFI boundary turns it into `KVDRAIN_ERR_PANIC`).
     pub(crate) fn insert(&mut self, ticket: Counting) {
         let key = ticket.key().get();
-        assert!(self.len < self.cells.len(), "ticket table full");
+        assert!(self.len < self.tags.len(), "ticket table full");
         self.issued = self.issued.max(key + 1);
-        let mut carry = Cell {
-            tag: key + 1,
-            ticket: Some(ticket),
-        };
-        let mut pos = self.home(carry.tag);
+        self.len += 1;
+        let home = key as usize & self.mask;
+        if self.tags[home] == 0 {
+            // The common case: consecutive keys, the key `mask + 1` before this one gone.
+            self.tags[home] = key + 1;
+            self.tickets[home] = Some(ticket);
+            return;
+        }
+        let mut tag = key + 1;
+        let mut ticket = Some(ticket);
+        let mut pos = key as usize & self.mask;
         let mut distance = 0;
-        loop {
-            if self.cells[pos].tag == 0 {
-                self.cells[pos] = carry;
-                self.len += 1;
-                return;
-            }
+        while self.tags[pos] != 0 {
             // Robin Hood: the cell closer to its home gives way to the one farther away.
             let theirs = self.displacement(pos);
             if theirs < distance {
-                core::mem::swap(&mut self.cells[pos], &mut carry);
+                core::mem::swap(&mut self.tags[pos], &mut tag);
+                core::mem::swap(&mut self.tickets[pos], &mut ticket);
                 distance = theirs;
             }
             pos = (pos + 1) & self.mask;
             distance += 1;
         }
+        self.tags[pos] = tag;
+        self.tickets[pos] = ticket;
     }
 
     /// Removes and returns the ticket of `key`.
@@ -106,25 +104,34 @@ impl Tickets {
             return Lookup::NeverIssued;
         }
         let tag = key + 1;
-        let mut pos = self.home(tag);
-        for distance in 0..self.cells.len() {
-            let here = self.cells[pos].tag;
-            if here == 0 || self.displacement(pos) < distance {
-                return Lookup::Spent;
-            }
+        let mut pos = key as usize & self.mask;
+        let mut distance = 0;
+        loop {
+            let here = self.tags[pos];
             if here == tag {
-                let ticket = self.cells[pos].ticket.take();
+                let ticket = self.tickets[pos].take();
                 self.remove_at(pos);
                 return ticket.map_or(Lookup::Spent, Lookup::Live);
             }
+            if here == 0 || self.displacement(pos) < distance || distance > self.mask {
+                return Lookup::Spent;
+            }
             pos = (pos + 1) & self.mask;
+            distance += 1;
         }
-        Lookup::Spent
     }
 
     /// Drops the ticket of a request that was decided (if it is still here).
+    #[inline]
     pub(crate) fn forget(&mut self, key: u64) {
-        let _ = self.take(key);
+        let home = key as usize & self.mask;
+        if self.tags[home] == key + 1 {
+            // The common case: the ticket sits in its home cell.
+            self.tickets[home] = None;
+            self.remove_at(home);
+        } else {
+            let _ = self.take(key);
+        }
     }
 
     /// Tickets held.
@@ -139,11 +146,12 @@ impl Tickets {
         self.len -= 1;
         loop {
             let next = (hole + 1) & self.mask;
-            if self.cells[next].tag == 0 || self.displacement(next) == 0 {
-                self.cells[hole] = Cell::default();
+            if self.tags[next] == 0 || self.displacement(next) == 0 {
+                self.tags[hole] = 0;
                 return;
             }
-            self.cells[hole] = core::mem::take(&mut self.cells[next]);
+            self.tags[hole] = self.tags[next];
+            self.tickets[hole] = self.tickets[next].take();
             hole = next;
         }
     }
@@ -214,16 +222,16 @@ mod tests {
             t.insert(ticket);
             for &k in &live {
                 let mut pos = k as usize & t.mask;
-                while t.cells[pos].tag != k + 1 {
-                    assert_ne!(t.cells[pos].tag, 0, "key {k} unreachable");
+                while t.tags[pos] != k + 1 {
+                    assert_ne!(t.tags[pos], 0, "key {k} unreachable");
                     pos = (pos + 1) & t.mask;
                 }
             }
             // The Robin Hood order: along a run, displacement grows by at most one.
-            for pos in 0..t.cells.len() {
+            for pos in 0..t.tags.len() {
                 let next = (pos + 1) & t.mask;
-                if t.cells[next].tag != 0 && t.displacement(next) > 0 {
-                    assert_ne!(t.cells[pos].tag, 0, "displaced cell after a hole");
+                if t.tags[next] != 0 && t.displacement(next) > 0 {
+                    assert_ne!(t.tags[pos], 0, "displaced cell after a hole");
                     assert!(t.displacement(next) <= t.displacement(pos) + 1);
                 }
             }
