@@ -319,3 +319,49 @@ pub(crate) unsafe fn free_ledger(ledger: *const kvdrain_ledger) {
         unsafe { Group::release(group) };
     }));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::kvdrain_config;
+    use crate::{kvdrain_engine_advance, kvdrain_engine_free, kvdrain_ingest_free};
+    use crate::{kvdrain_ledger_free, kvdrain_ledger_new, kvdrain_ledger_split};
+
+    /// A panic inside a call becomes `KVDRAIN_ERR_PANIC`, poisons that handle only, and the
+    /// handles still free cleanly.
+    #[test]
+    fn a_panic_poisons_the_handle_and_unwinds_no_further() {
+        let config = kvdrain_config::defaults(8);
+        let mut ledger = core::ptr::null_mut();
+        let (mut ingest, mut engine) = (core::ptr::null_mut(), core::ptr::null_mut());
+        // SAFETY: valid pointers throughout; every handle is freed once at the end.
+        unsafe {
+            assert_eq!(kvdrain_ledger_new(&config, &mut ledger), KVDRAIN_OK);
+            assert_eq!(
+                kvdrain_ledger_split(ledger, &mut ingest, &mut engine),
+                KVDRAIN_OK
+            );
+            let hook = std::panic::take_hook();
+            std::panic::set_hook(Box::new(|_| {}));
+            let status = with_half(engine.cast_const(), |_| panic!("injected"));
+            std::panic::set_hook(hook);
+            assert_eq!(status, KVDRAIN_ERR_PANIC);
+            assert_eq!(kvdrain_engine_advance(engine, 1), KVDRAIN_ERR_PANIC);
+            // The other half is not poisoned.
+            assert_eq!(
+                with_half(ingest.cast_const(), |half| {
+                    assert_eq!(half.counters().completions, 0);
+                    KVDRAIN_OK
+                }),
+                KVDRAIN_OK
+            );
+            kvdrain_engine_free(engine);
+            kvdrain_ledger_free(ledger);
+            assert_eq!(
+                with_half(ingest.cast_const(), |_| KVDRAIN_OK),
+                KVDRAIN_ERR_FREED
+            );
+            kvdrain_ingest_free(ingest);
+        }
+    }
+}

@@ -152,3 +152,21 @@ pub(crate) unsafe fn write_opt<T>(out: *mut T, value: T) {
         unsafe { out.write(value) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_has_its_number_and_a_nul_terminated_message() {
+        for (i, s) in kvdrain_status::ALL.iter().enumerate() {
+            assert_eq!(*s as usize, i);
+            let m = s.message();
+            assert!(m.ends_with('\0') && m.len() > 1 && !m[..m.len() - 1].contains('\0'));
+            assert_eq!(kvdrain_status_str(i as u32).cast::<u8>(), m.as_ptr());
+        }
+        // SAFETY: the returned pointer is a static NUL-terminated string.
+        let unknown = unsafe { core::ffi::CStr::from_ptr(kvdrain_status_str(9999)) };
+        assert_eq!(unknown.to_str(), Ok("unknown status"));
+    }
+}
