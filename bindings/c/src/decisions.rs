@@ -101,50 +101,49 @@ impl From<&Quarantined> for kvdrain_quarantined {
 }
 
 impl kvdrain_decision {
-    /// The C form of `d`, and whether the request's ticket is now used up (every
-    /// decision but `RELEASED` ends the counting request).
-    pub(crate) fn from_core(d: Decision) -> (Self, bool) {
+    /// The C form of `d`.
+    #[inline]
+    pub(crate) fn from_core(d: Decision) -> Self {
         let key = d.key().get();
-        let plain = |kind| kvdrain_decision {
-            key,
-            blocks: 0,
-            outstanding: 0,
-            kind,
-            forced: 0,
-            named: 0,
-        };
-        match d {
+        let (kind, blocks, outstanding_, forced, named) = match d {
             Decision::Completed(done) => (
-                kvdrain_decision {
-                    blocks: done.into_decode().0,
-                    ..plain(kvdrain_decision_kind::KVDRAIN_COMPLETED)
-                },
-                true,
+                kvdrain_decision_kind::KVDRAIN_COMPLETED,
+                done.into_decode().0,
+                0,
+                0,
+                0,
             ),
-            Decision::Failed(_) => (plain(kvdrain_decision_kind::KVDRAIN_FAILED), true),
+            Decision::Failed(_) => (kvdrain_decision_kind::KVDRAIN_FAILED, 0, 0, 0, 0),
             Decision::Expired(q) => {
-                let (outstanding, named) = outstanding(q.outstanding());
-                (
-                    kvdrain_decision {
-                        outstanding,
-                        named,
-                        ..plain(kvdrain_decision_kind::KVDRAIN_EXPIRED)
-                    },
-                    true,
-                )
+                let (o, named) = outstanding(q.outstanding());
+                (kvdrain_decision_kind::KVDRAIN_EXPIRED, 0, o, 0, named)
             }
             Decision::Released(r) => {
                 let forced = u8::from(r.forced());
                 (
-                    kvdrain_decision {
-                        blocks: r.into_free().0,
-                        forced,
-                        ..plain(kvdrain_decision_kind::KVDRAIN_RELEASED)
-                    },
-                    false,
+                    kvdrain_decision_kind::KVDRAIN_RELEASED,
+                    r.into_free().0,
+                    0,
+                    forced,
+                    0,
                 )
             }
+        };
+        kvdrain_decision {
+            key,
+            blocks,
+            outstanding: outstanding_,
+            kind,
+            forced,
+            named,
         }
+    }
+
+    /// Whether the request's ticket is used up by this decision: every decision but
+    /// `RELEASED` ends the counting request.
+    #[inline]
+    pub(crate) fn ends_ticket(&self) -> bool {
+        self.kind != kvdrain_decision_kind::KVDRAIN_RELEASED
     }
 }
 

@@ -294,8 +294,8 @@ fn poll(side: &mut EngineSide, out: &mut Out<'_>) {
         queue,
     } = side;
     engine.poll(|d| {
-        let (d, ends) = kvdrain_decision::from_core(d);
-        if ends {
+        let d = kvdrain_decision::from_core(d);
+        if d.ends_ticket() {
             tickets.forget(d.key);
         }
         if out.is_full() {
@@ -358,8 +358,8 @@ fn queued(
         queue,
     } = side;
     call(engine, &mut |d| {
-        let (d, ends) = kvdrain_decision::from_core(d);
-        if ends {
+        let d = kvdrain_decision::from_core(d);
+        if d.ends_ticket() {
             tickets.forget(d.key);
         }
         queue.push(d);

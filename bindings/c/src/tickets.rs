@@ -126,9 +126,16 @@ impl Tickets {
     pub(crate) fn forget(&mut self, key: u64) {
         let home = key as usize & self.mask;
         if self.tags[home] == key + 1 {
-            // The common case: the ticket sits in its home cell.
+            // The common case: the ticket sits in its home cell and nothing after it
+            // needs to shift back.
             self.tickets[home] = None;
-            self.remove_at(home);
+            let next = (home + 1) & self.mask;
+            if self.tags[next] == 0 || self.displacement(next) == 0 {
+                self.tags[home] = 0;
+                self.len -= 1;
+            } else {
+                self.remove_at(home);
+            }
         } else {
             let _ = self.take(key);
         }
