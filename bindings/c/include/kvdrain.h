@@ -187,7 +187,7 @@ typedef struct kvdrain_ledger kvdrain_ledger;
 typedef struct kvdrain_push_plan kvdrain_push_plan;
 
 // Run-time settings of a ledger. Start from `kvdrain_config_default` and change fields.
-typedef struct {
+typedef struct kvdrain_config {
   // Requests tracked at once, quarantined ones included: `1..=KVDRAIN_MAX_CAPACITY`.
   uint32_t capacity;
   // Default deadline of a registration, in ms (default 30 000).
@@ -209,7 +209,7 @@ typedef struct {
 // waits for `count` notices from anyone. Named-edge mode: `agents` lists `1..=8` distinct
 // producer agent ids and `count` is 0 — the request waits for exactly one notice from
 // each (duplicates and unexpected senders are detected).
-typedef struct {
+typedef struct kvdrain_registration {
   // The consumer's request id as it appears in completions: UTF-8 bytes, not
   // NUL-terminated. Borrowed for the call.
   const uint8_t *id;
@@ -229,7 +229,7 @@ typedef struct {
 } kvdrain_registration;
 
 // An aborted request: over for the client; its blocks come back in a later `RELEASED`.
-typedef struct {
+typedef struct kvdrain_quarantined {
   // The request's key.
   uint64_t key;
   // What was still owed at that moment (see `kvdrain_decision.outstanding`).
@@ -241,7 +241,7 @@ typedef struct {
 } kvdrain_quarantined;
 
 // One decision about the request registered under `key`.
-typedef struct {
+typedef struct kvdrain_decision {
   // The key `kvdrain_engine_register` returned for the request.
   uint64_t key;
   // `COMPLETED`: the blocks for decode; `RELEASED`: the blocks to free; else 0.
@@ -258,7 +258,7 @@ typedef struct {
 } kvdrain_decision;
 
 // What the engine decided (one counter per outcome and cause).
-typedef struct {
+typedef struct kvdrain_engine_counters {
   // Registrations accepted.
   uint64_t registered;
   // Registrations refused: table full.
@@ -288,7 +288,7 @@ typedef struct {
 } kvdrain_engine_counters;
 
 // A snapshot of the engine's clock and load.
-typedef struct {
+typedef struct kvdrain_engine_info {
   // The clock: the last `kvdrain_engine_advance`.
   uint64_t now_ms;
   // When the next deadline or quarantine end falls, or `KVDRAIN_NO_TIMER`.
@@ -302,7 +302,7 @@ typedef struct {
 } kvdrain_engine_info;
 
 // What the ingest half saw (one counter per outcome).
-typedef struct {
+typedef struct kvdrain_ingest_counters {
   // Completions that resolved an edge.
   uint64_t completions;
   // Failure notices (`PUSH_FAIL:`) that resolved an edge.
@@ -326,7 +326,7 @@ typedef struct {
 } kvdrain_ingest_counters;
 
 // A prefill (P) → decode (D) topology.
-typedef struct {
+typedef struct kvdrain_topology {
   // Producer tensor-parallel size.
   uint16_t p_tp;
   // Producer pipeline-parallel size.
@@ -338,7 +338,7 @@ typedef struct {
 } kvdrain_topology;
 
 // A failure notice this producer owes a consumer rank.
-typedef struct {
+typedef struct kvdrain_owed_notice {
   // The consumer TP rank to send `PUSH_FAIL:{id}:{tp}` to.
   uint16_t d_rank;
   // 1 if the WRITE had been posted before it failed (some bytes may have landed;
@@ -360,7 +360,7 @@ const char *kvdrain_version(void);
 //
 // # Safety
 // `out` must be NULL or valid for writing one `kvdrain_config`.
-kvdrain_status kvdrain_config_default(uint32_t capacity, kvdrain_config *out);
+kvdrain_status kvdrain_config_default(uint32_t capacity, struct kvdrain_config *out);
 
 // Starts tracking a request; writes its key (registration order, from 0) to `*key_out`
 // unless `key_out` is NULL. Engine thread.
@@ -373,8 +373,8 @@ kvdrain_status kvdrain_config_default(uint32_t capacity, kvdrain_config *out);
 // `engine` is NULL or a live engine handle; `registration` is NULL or points to a
 // registration whose `id` and `agents` spans are readable for the call; `key_out` is NULL
 // or writable.
-kvdrain_status kvdrain_engine_register(kvdrain_engine *engine,
-                                       const kvdrain_registration *registration,
+kvdrain_status kvdrain_engine_register(struct kvdrain_engine *engine,
+                                       const struct kvdrain_registration *registration,
                                        uint64_t *key_out);
 
 // Aborts the request registered under `key`: it is over for the client now (`*out`
@@ -387,7 +387,9 @@ kvdrain_status kvdrain_engine_register(kvdrain_engine *engine,
 //
 // # Safety
 // `engine` is NULL or a live engine handle; `out` is NULL or writable.
-kvdrain_status kvdrain_engine_abort(kvdrain_engine *engine, uint64_t key, kvdrain_quarantined *out);
+kvdrain_status kvdrain_engine_abort(struct kvdrain_engine *engine,
+                                    uint64_t key,
+                                    struct kvdrain_quarantined *out);
 
 // Aborts a request by id (UTF-8 bytes, borrowed for the call), for callers that keep ids
 // rather than keys. As `kvdrain_engine_abort`, with `KVDRAIN_ERR_UNKNOWN` for an id that
@@ -396,10 +398,10 @@ kvdrain_status kvdrain_engine_abort(kvdrain_engine *engine, uint64_t key, kvdrai
 // # Safety
 // `engine` is NULL or a live engine handle; `id` is readable for `id_len` bytes; `out` is
 // NULL or writable.
-kvdrain_status kvdrain_engine_abort_id(kvdrain_engine *engine,
+kvdrain_status kvdrain_engine_abort_id(struct kvdrain_engine *engine,
                                        const uint8_t *id,
                                        size_t id_len,
-                                       kvdrain_quarantined *out);
+                                       struct kvdrain_quarantined *out);
 
 // Takes decisions out, oldest first: `*n` is the room in `out` on entry and the number
 // written on return. Nothing is allocated. When `*n` comes back equal to the room given,
@@ -412,7 +414,9 @@ kvdrain_status kvdrain_engine_abort_id(kvdrain_engine *engine,
 // # Safety
 // `engine` is NULL or a live engine handle; `n` is NULL or points to the room in `out`;
 // `out` is writable for that many decisions (it may be NULL when the room is 0).
-kvdrain_status kvdrain_engine_poll(kvdrain_engine *engine, kvdrain_decision *out, size_t *n);
+kvdrain_status kvdrain_engine_poll(struct kvdrain_engine *engine,
+                                   struct kvdrain_decision *out,
+                                   size_t *n);
 
 // Advances the clock to `now_ms` (your monotonic clock, in ms) and decides every deadline
 // and quarantine end at or before it, in registration order: `EXPIRED`, and a forced
@@ -423,7 +427,7 @@ kvdrain_status kvdrain_engine_poll(kvdrain_engine *engine, kvdrain_decision *out
 //
 // # Safety
 // `engine` is NULL or a live engine handle.
-kvdrain_status kvdrain_engine_advance(kvdrain_engine *engine, uint64_t now_ms);
+kvdrain_status kvdrain_engine_advance(struct kvdrain_engine *engine, uint64_t now_ms);
 
 // The transport confirmed that `agent` can no longer write into this node: resolves, as
 // failed, every outstanding named edge of `agent` (counting-mode requests are not
@@ -436,26 +440,30 @@ kvdrain_status kvdrain_engine_advance(kvdrain_engine *engine, uint64_t now_ms);
 //
 // # Safety
 // `engine` is NULL or a live engine handle; `resolved` is NULL or writable.
-kvdrain_status kvdrain_engine_fence(kvdrain_engine *engine, uint16_t agent, uint32_t *resolved);
+kvdrain_status kvdrain_engine_fence(struct kvdrain_engine *engine,
+                                    uint16_t agent,
+                                    uint32_t *resolved);
 
 // Copies the engine half's counters into `*out`. Engine thread.
 //
 // # Safety
 // `engine` is NULL or a live engine handle; `out` is NULL or writable.
-kvdrain_status kvdrain_engine_get_counters(kvdrain_engine *engine, kvdrain_engine_counters *out);
+kvdrain_status kvdrain_engine_get_counters(struct kvdrain_engine *engine,
+                                           struct kvdrain_engine_counters *out);
 
 // Writes the engine's clock, next timer and load into `*out`. Engine thread.
 //
 // # Safety
 // `engine` is NULL or a live engine handle; `out` is NULL or writable.
-kvdrain_status kvdrain_engine_get_info(kvdrain_engine *engine, kvdrain_engine_info *out);
+kvdrain_status kvdrain_engine_get_info(struct kvdrain_engine *engine,
+                                       struct kvdrain_engine_info *out);
 
 // Frees the engine half. NULL is accepted; a second free does nothing while another
 // handle of the ledger lives. Must not run concurrently with a call on this handle.
 //
 // # Safety
 // `engine` is NULL or an engine handle whose ledger group is still allocated.
-void kvdrain_engine_free(kvdrain_engine *engine);
+void kvdrain_engine_free(struct kvdrain_engine *engine);
 
 // Feeds one NIXL notification: `len` raw bytes from producer agent `agent` (your number
 // for the sender), borrowed for the call. Writes what it did to `*outcome` unless NULL.
@@ -466,7 +474,7 @@ void kvdrain_engine_free(kvdrain_engine *engine);
 // # Safety
 // `ingest` is NULL or a live ingest handle; `bytes` is readable for `len` bytes (NULL
 // with `len` 0 is an empty message); `outcome` is NULL or writable.
-kvdrain_status kvdrain_ingest_feed(kvdrain_ingest *ingest,
+kvdrain_status kvdrain_ingest_feed(struct kvdrain_ingest *ingest,
                                    uint16_t agent,
                                    const uint8_t *bytes,
                                    size_t len,
@@ -484,7 +492,7 @@ kvdrain_status kvdrain_ingest_feed(kvdrain_ingest *ingest,
 // `ingest` is NULL or a live ingest handle; `agents`, `msgs` and `lens` are readable
 // for `n` entries and each `msgs[i]` for `lens[i]` bytes; `outcomes` is NULL or writable
 // for `n` entries; `decided` is NULL or writable.
-kvdrain_status kvdrain_ingest_feed_batch(kvdrain_ingest *ingest,
+kvdrain_status kvdrain_ingest_feed_batch(struct kvdrain_ingest *ingest,
                                          size_t n,
                                          const uint16_t *agents,
                                          const uint8_t *const *msgs,
@@ -496,14 +504,15 @@ kvdrain_status kvdrain_ingest_feed_batch(kvdrain_ingest *ingest,
 //
 // # Safety
 // `ingest` is NULL or a live ingest handle; `out` is NULL or writable.
-kvdrain_status kvdrain_ingest_get_counters(kvdrain_ingest *ingest, kvdrain_ingest_counters *out);
+kvdrain_status kvdrain_ingest_get_counters(struct kvdrain_ingest *ingest,
+                                           struct kvdrain_ingest_counters *out);
 
 // Frees the ingest half. NULL is accepted; a second free does nothing while another
 // handle of the ledger lives. Must not run concurrently with a call on this handle.
 //
 // # Safety
 // `ingest` is NULL or an ingest handle whose ledger group is still allocated.
-void kvdrain_ingest_free(kvdrain_ingest *ingest);
+void kvdrain_ingest_free(struct kvdrain_ingest *ingest);
 
 // Builds a ledger (`Ledger<65536, 8>` on the heap, about 13 MiB, whatever the capacity)
 // with `*config`, and writes its handle to `*out`. Any thread. Free it with
@@ -515,7 +524,7 @@ void kvdrain_ingest_free(kvdrain_ingest *ingest);
 //
 // # Safety
 // `config` is NULL or readable; `out` is NULL or writable.
-kvdrain_status kvdrain_ledger_new(const kvdrain_config *config, kvdrain_ledger **out);
+kvdrain_status kvdrain_ledger_new(const struct kvdrain_config *config, struct kvdrain_ledger **out);
 
 // Hands out the ledger's two halves, once: `*ingest` for the thread that drains NIXL
 // notifications and `*engine` for the scheduler thread (or both on one thread). They
@@ -525,9 +534,9 @@ kvdrain_status kvdrain_ledger_new(const kvdrain_config *config, kvdrain_ledger *
 //
 // # Safety
 // `ledger` is NULL or a live ledger handle; `ingest` and `engine` are NULL or writable.
-kvdrain_status kvdrain_ledger_split(kvdrain_ledger *ledger,
-                                    kvdrain_ingest **ingest,
-                                    kvdrain_engine **engine);
+kvdrain_status kvdrain_ledger_split(struct kvdrain_ledger *ledger,
+                                    struct kvdrain_ingest **ingest,
+                                    struct kvdrain_engine **engine);
 
 // Frees the ledger handle. NULL is accepted. The memory goes away with the last of the
 // ledger's three handles, in any order; until then a second free does nothing and calls
@@ -537,7 +546,7 @@ kvdrain_status kvdrain_ledger_split(kvdrain_ledger *ledger,
 // # Safety
 // `ledger` is NULL or a ledger handle whose group is still allocated (one of its three
 // handles not freed).
-void kvdrain_ledger_free(kvdrain_ledger *ledger);
+void kvdrain_ledger_free(struct kvdrain_ledger *ledger);
 
 // Plans every edge of producer rank `(pp_stage, tp_rank)` of `*topology` before anything
 // is posted, and writes the plan's handle to `*out`. Any thread.
@@ -547,16 +556,16 @@ void kvdrain_ledger_free(kvdrain_ledger *ledger);
 //
 // # Safety
 // `topology` is NULL or readable; `out` is NULL or writable.
-kvdrain_status kvdrain_push_plan_new(const kvdrain_topology *topology,
+kvdrain_status kvdrain_push_plan_new(const struct kvdrain_topology *topology,
                                      uint16_t pp_stage,
                                      uint16_t tp_rank,
-                                     kvdrain_push_plan **out);
+                                     struct kvdrain_push_plan **out);
 
 // Frees a plan. NULL is accepted.
 //
 // # Safety
 // `plan` is NULL or a plan from `kvdrain_push_plan_new` not freed yet.
-void kvdrain_push_plan_free(kvdrain_push_plan *plan);
+void kvdrain_push_plan_free(struct kvdrain_push_plan *plan);
 
 // Asks to post the WRITE into consumer rank `d_rank`: `KVDRAIN_OK` means go ahead,
 // then report `posted` or `post_failed`. `KVDRAIN_ERR_RETIRED` once the request ended
@@ -565,55 +574,55 @@ void kvdrain_push_plan_free(kvdrain_push_plan *plan);
 //
 // # Safety
 // `plan` is NULL or a live plan used by no other thread now.
-kvdrain_status kvdrain_push_plan_may_post(kvdrain_push_plan *plan, uint16_t d_rank);
+kvdrain_status kvdrain_push_plan_may_post(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // The WRITE into `d_rank` was posted (errors as `kvdrain_push_plan_may_post`).
 //
 // # Safety
 // `plan` is NULL or a live plan used by no other thread now.
-kvdrain_status kvdrain_push_plan_posted(kvdrain_push_plan *plan, uint16_t d_rank);
+kvdrain_status kvdrain_push_plan_posted(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // The WRITE into `d_rank` could not be described or posted: nothing was sent; a
 // failure notice is owed (never posted). `KVDRAIN_ERR_WRONG_STATE` unless planned.
 //
 // # Safety
 // `plan` is NULL or a live plan used by no other thread now.
-kvdrain_status kvdrain_push_plan_post_failed(kvdrain_push_plan *plan, uint16_t d_rank);
+kvdrain_status kvdrain_push_plan_post_failed(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // The initiator saw the WRITE into `d_rank` succeed. `KVDRAIN_ERR_WRONG_STATE` unless
 // posted.
 //
 // # Safety
 // `plan` is NULL or a live plan used by no other thread now.
-kvdrain_status kvdrain_push_plan_landed(kvdrain_push_plan *plan, uint16_t d_rank);
+kvdrain_status kvdrain_push_plan_landed(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // The WRITE into `d_rank` failed after it was posted: a failure notice is owed (bytes
 // may have landed). `KVDRAIN_ERR_WRONG_STATE` unless posted.
 //
 // # Safety
 // `plan` is NULL or a live plan used by no other thread now.
-kvdrain_status kvdrain_push_plan_failed(kvdrain_push_plan *plan, uint16_t d_rank);
+kvdrain_status kvdrain_push_plan_failed(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // Consumer rank `d_rank` cannot be named or reached: no notice can be sent for it.
 // `KVDRAIN_ERR_WRONG_STATE` if the edge is posted, landed or noticed.
 //
 // # Safety
 // `plan` is NULL or a live plan used by no other thread now.
-kvdrain_status kvdrain_push_plan_unreachable(kvdrain_push_plan *plan, uint16_t d_rank);
+kvdrain_status kvdrain_push_plan_unreachable(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // The `PUSH_FAIL` for `d_rank` was handed to the transport. `KVDRAIN_ERR_WRONG_STATE`
 // unless a notice is owed for it.
 //
 // # Safety
 // `plan` is NULL or a live plan used by no other thread now.
-kvdrain_status kvdrain_push_plan_noticed(kvdrain_push_plan *plan, uint16_t d_rank);
+kvdrain_status kvdrain_push_plan_noticed(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // The request ended on this producer (finished, aborted, lease gone): nothing more may
 // be posted, and every edge not yet attempted is owed a failure notice.
 //
 // # Safety
 // `plan` is NULL or a live plan used by no other thread now.
-kvdrain_status kvdrain_push_plan_retire(kvdrain_push_plan *plan);
+kvdrain_status kvdrain_push_plan_retire(struct kvdrain_push_plan *plan);
 
 // The failure notices owed now, one per failed, reachable edge not yet noticed, in target
 // order: `*n` is the room in `out` on entry and the number written on return; when the
@@ -623,7 +632,9 @@ kvdrain_status kvdrain_push_plan_retire(kvdrain_push_plan *plan);
 // # Safety
 // `plan` is NULL or a live plan used by no other thread now; `n` is NULL or points to the
 // room in `out`, which is writable for that many entries (NULL when the room is 0).
-kvdrain_status kvdrain_push_plan_owed(kvdrain_push_plan *plan, kvdrain_owed_notice *out, size_t *n);
+kvdrain_status kvdrain_push_plan_owed(struct kvdrain_push_plan *plan,
+                                      struct kvdrain_owed_notice *out,
+                                      size_t *n);
 
 // Writes whether no WRITE of this request is in flight or still to be posted (the source
 // blocks may be released: never before) to `*terminal`, and whether every edge landed to
@@ -632,7 +643,9 @@ kvdrain_status kvdrain_push_plan_owed(kvdrain_push_plan *plan, kvdrain_owed_noti
 // # Safety
 // `plan` is NULL or a live plan used by no other thread now; the out-pointers are NULL
 // or writable.
-kvdrain_status kvdrain_push_plan_state(kvdrain_push_plan *plan, bool *terminal, bool *all_landed);
+kvdrain_status kvdrain_push_plan_state(struct kvdrain_push_plan *plan,
+                                       bool *terminal,
+                                       bool *all_landed);
 
 // Writes the failure notice `PUSH_FAIL:{id}:{tp_size}` (vLLM's bytes) into `out` (room
 // `*len` on entry, bytes written on return; no NUL is added). When the room is too
