@@ -351,7 +351,7 @@ extern "C" {
 #endif // __cplusplus
 
 // The library's version, `MAJOR.MINOR.PATCH`, as a static NUL-terminated string. Any
-// thread.
+// thread. (It returns a constant: there is no code in it that could panic.)
 const char *kvdrain_version(void);
 
 // Writes the defaults for `capacity` into `*out` (deadline 30 s, quarantine 60 s,

@@ -105,7 +105,7 @@ pub use producer::{
 pub use status::{kvdrain_status, kvdrain_status_str};
 
 /// The library's version, `MAJOR.MINOR.PATCH`, as a static NUL-terminated string. Any
-/// thread.
+/// thread. (It returns a constant: there is no code in it that could panic.)
 #[unsafe(no_mangle)]
 pub extern "C" fn kvdrain_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()

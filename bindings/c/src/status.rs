@@ -111,9 +111,12 @@ impl kvdrain_status {
 /// "unknown status"). Never NULL, never freed. Any thread.
 #[unsafe(no_mangle)]
 pub extern "C" fn kvdrain_status_str(status: u32) -> *const c_char {
-    let text = kvdrain_status::ALL
-        .get(status as usize)
-        .map_or("unknown status\0", |s| s.message());
+    let text = std::panic::catch_unwind(|| {
+        kvdrain_status::ALL
+            .get(status as usize)
+            .map_or("unknown status\0", |s| s.message())
+    })
+    .unwrap_or("unknown status\0");
     text.as_ptr().cast()
 }
 

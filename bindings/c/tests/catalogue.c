@@ -571,7 +571,8 @@ static void test_handles_nulls_and_misuse(void) {
     }
     CHECK(strcmp(kvdrain_status_str(KVDRAIN_OK), "ok") == 0);
     CHECK(strcmp(kvdrain_status_str(9999), "unknown status") == 0);
-    CHECK(strcmp(kvdrain_version(), "0.1.0") == 0);
+    const char *version = kvdrain_version();
+    CHECK(version != NULL && version[0] >= '0' && version[0] <= '9' && strchr(version, '.') != NULL);
 }
 
 static size_t owed(kvdrain_push_plan *p, kvdrain_owed_notice *out, size_t room) {
