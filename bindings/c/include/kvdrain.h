@@ -84,8 +84,9 @@ enum kvdrain_status
   // Abort: the request was decided first (its decision comes, or came, from poll).
   KVDRAIN_ERR_LATE = 12,
   // Abort: the key's ticket was used up already — the request was aborted before, or
-  // its decision was taken out. (Rust rejects this at compile time: tickets are
-  // consumed by value.)
+  // it was decided and the engine has taken its decision from the core (it comes, or
+  // came, out of `kvdrain_engine_poll`). Rust rejects a reused ticket at compile time:
+  // tickets are consumed by value.
   KVDRAIN_ERR_STALE = 13,
   // Advance: the time is earlier than the ledger's clock; nothing changed.
   KVDRAIN_ERR_CLOCK_BACKWARDS = 14,
@@ -382,7 +383,8 @@ kvdrain_status kvdrain_engine_register(struct kvdrain_engine *engine,
 // (every edge resolved, or the quarantine ran out). Engine thread.
 //
 // Errors: `KVDRAIN_ERR_LATE` (decided first: its decision comes from poll),
-// `KVDRAIN_ERR_STALE` (this key was aborted before, or its decision was taken out),
+// `KVDRAIN_ERR_STALE` (this key was aborted before, or its decision was taken from the
+// core already: it comes, or came, out of poll),
 // `KVDRAIN_ERR_UNKNOWN` (no registration got this key).
 //
 // # Safety

@@ -228,7 +228,8 @@ fn abort_done(
 /// (every edge resolved, or the quarantine ran out). Engine thread.
 ///
 /// Errors: `KVDRAIN_ERR_LATE` (decided first: its decision comes from poll),
-/// `KVDRAIN_ERR_STALE` (this key was aborted before, or its decision was taken out),
+/// `KVDRAIN_ERR_STALE` (this key was aborted before, or its decision was taken from the
+/// core already: it comes, or came, out of poll),
 /// `KVDRAIN_ERR_UNKNOWN` (no registration got this key).
 ///
 /// # Safety
