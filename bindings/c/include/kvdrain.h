@@ -516,8 +516,9 @@ kvdrain_status kvdrain_ingest_get_counters(struct kvdrain_ingest *ingest,
 // `ingest` is NULL or an ingest handle whose ledger group is still allocated.
 void kvdrain_ingest_free(struct kvdrain_ingest *ingest);
 
-// Builds a ledger (`Ledger<65536, 8>` on the heap, about 13 MiB, whatever the capacity)
-// with `*config`, and writes its handle to `*out`. Any thread. Free it with
+// Builds a ledger with `*config` and writes its handle to `*out`: `Ledger<65536, 8>` on
+// the heap (12.6 MiB whatever the capacity) plus the engine's decision queue and key
+// table (about 192 bytes per unit of capacity, 12 MiB at 65 536). Any thread. Free it with
 // `kvdrain_ledger_free`.
 //
 // Errors: `KVDRAIN_ERR_NULL`, `KVDRAIN_ERR_INVALID` (capacity outside

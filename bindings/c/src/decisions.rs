@@ -52,6 +52,11 @@ pub struct kvdrain_decision {
     pub named: u8,
 }
 
+// The layouts C sees: fixed sizes, no surprise padding (192 B per unit of capacity in
+// the README counts on the first).
+const _: () = assert!(size_of::<kvdrain_decision>() == 32);
+const _: () = assert!(size_of::<kvdrain_quarantined>() == 24);
+
 /// Why a request was quarantined.
 #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
 #[repr(u32)]

@@ -45,7 +45,8 @@
 //!
 //! ## What the binding adds to the core, and why
 //!
-//! * **One instantiation**, `Ledger<65536, 8>` built on the heap (about 13 MiB; capacity,
+//! * **One instantiation**, `Ledger<65536, 8>` built on the heap (12.6 MiB, plus about
+//!   192 B per unit of capacity for the decision queue and the key table; capacity,
 //!   deadline, quarantine and seed are run-time configuration). It is built on a thread
 //!   with a big stack, because `Ledger::new` returns the ledger by value.
 //! * **Ownership** (`group.rs`): the halves borrow the ledger; the three handles live in
