@@ -334,6 +334,8 @@ pub unsafe extern "C" fn kvdrain_engine_poll(
                 &mut []
             } else if out.is_null() {
                 return KVDRAIN_ERR_NULL;
+            } else if *room > isize::MAX as usize / size_of::<kvdrain_decision>() {
+                return KVDRAIN_ERR_INVALID;
             } else {
                 core::slice::from_raw_parts_mut(out.cast(), *room)
             };

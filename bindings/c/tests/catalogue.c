@@ -541,6 +541,9 @@ static void test_handles_nulls_and_misuse(void) {
     n = 0;
     OK(kvdrain_engine_poll(en, NULL, &n));
     CHECK(n == 0);
+    kvdrain_decision one;
+    n = SIZE_MAX; /* a room no array can have */
+    EXPECT(kvdrain_engine_poll(en, &one, &n), KVDRAIN_ERR_INVALID);
     EXPECT(kvdrain_engine_get_counters(en, NULL), KVDRAIN_ERR_NULL);
     EXPECT(kvdrain_ingest_get_counters(in, NULL), KVDRAIN_ERR_NULL);
 
