@@ -54,9 +54,11 @@ loom:
 	RUSTFLAGS="--cfg kvdrain_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=$(LOOM_TARGET) \
 		$(CARGO) test --release -p kvdrain --test loom
 
-## The core's unit tests under miri.
+## The core's unit tests under miri, and the C ABI's unsafe code driven through its
+## extern "C" functions (a 64-request table under miri: bindings/c/src/config.rs).
 miri:
 	$(CARGO) +nightly miri test -p kvdrain --lib
+	$(CARGO) +nightly miri test -p kvdrain-ffi --lib
 
 ## Build every fuzz target and run each for FUZZ_SECONDS.
 fuzz-smoke:

@@ -18,10 +18,18 @@ pub const KVDRAIN_MAX_COUNT: u32 = 64;
 /// and ignored.
 pub const KVDRAIN_HAS_SETTLING: u32 = 0;
 
+/// The table size `N` of [`CoreLedger`]. Under miri a small table, so that the ownership
+/// code (which is the same) is checked in seconds rather than hours.
+/// cbindgen:ignore
+#[cfg(not(miri))]
+pub(crate) const TABLE: usize = KVDRAIN_MAX_CAPACITY as usize;
+/// cbindgen:ignore
+#[cfg(miri)]
+pub(crate) const TABLE: usize = 64;
+
 /// The core type every handle wraps.
 /// cbindgen:ignore
-pub(crate) type CoreLedger =
-    Ledger<{ KVDRAIN_MAX_CAPACITY as usize }, { KVDRAIN_MAX_EDGES as usize }>;
+pub(crate) type CoreLedger = Ledger<TABLE, { KVDRAIN_MAX_EDGES as usize }>;
 
 /// Run-time settings of a ledger. Start from `kvdrain_config_default` and change fields.
 #[allow(non_camel_case_types)]

@@ -26,11 +26,11 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use kvdrain::{Config, Engine, Ingest};
 
-use crate::config::{CoreLedger, KVDRAIN_MAX_CAPACITY, KVDRAIN_MAX_EDGES};
+use crate::config::{CoreLedger, KVDRAIN_MAX_EDGES, TABLE};
 use crate::engine::EngineSide;
 use crate::status::kvdrain_status::{self, *};
 
-const N: usize = KVDRAIN_MAX_CAPACITY as usize;
+const N: usize = TABLE;
 const E: usize = KVDRAIN_MAX_EDGES as usize;
 
 /// The ingest half of the one instantiation.

@@ -71,6 +71,8 @@ mod group;
 mod ingest;
 mod ledger;
 mod producer;
+#[cfg(test)]
+mod scenarios;
 mod status;
 mod tickets;
 
