@@ -2,17 +2,18 @@
 # Both install what they need first (idempotent).
 
 CARGO ?= cargo
+PREFIX ?= /usr/local
 LOOM_TARGET := target/loom
 FUZZ_SECONDS ?= 20
 
-.PHONY: demo test setup setup-nixl setup-tools check fmt clippy doc deny unit release-suites nostd loom miri fuzz-smoke replay python python-test bench-python
+.PHONY: demo test setup setup-nixl setup-tools check fmt clippy doc deny unit release-suites nostd loom miri fuzz-smoke replay python python-test bench-python c-header c-header-check c-test install
 
 ## The main job: P(TP=2) -> D(TP=1) over real NIXL in one process.
 demo: setup-nixl
 	$(CARGO) run --release -p kvdrain-cli --features nixl -- demo $(DEMO_ARGS)
 
 ## Every test and check CI runs.
-test: setup check unit release-suites nostd loom miri fuzz-smoke python-test
+test: setup check unit release-suites nostd loom miri fuzz-smoke python-test c-test
 	@echo "make test: all suites passed"
 
 setup: setup-nixl setup-tools
@@ -39,13 +40,11 @@ deny:
 	$(CARGO) deny --offline check licenses bans sources
 
 ## Unit, grid, trace, scenario, simulation, real-NIXL integration tests.
-## The binding crates build shared libraries: `--all-features` would turn on the core's
-## `defmt` feature for them, whose symbol names the linker's version script rejects, so
-## they are tested without it (and through their own languages in python-test / c-test).
-BINDINGS := --exclude kvdrain-python
+## Every feature but the core's `defmt` (a no_std logging backend, built by `nostd`): the
+## binding crates are shared libraries, and defmt's symbol names break their linker
+## version script.
 unit:
-	$(CARGO) test --workspace --all-features $(BINDINGS)
-	$(CARGO) test -p kvdrain-python
+	$(CARGO) test --workspace --features kvdrain-cli/nixl
 
 ## At full size, in release: the two-thread stress test (millions of notices) and the
 ## simulation at 10^5 requests per topology with every fault class firing.
@@ -62,13 +61,32 @@ loom:
 	RUSTFLAGS="--cfg kvdrain_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=$(LOOM_TARGET) \
 		$(CARGO) test --release -p kvdrain --test loom
 
-## The core's unit tests under miri.
+## The core's unit tests under miri, and the C ABI's unsafe code driven through its
+## extern "C" functions (a 64-request table under miri: bindings/c/src/config.rs).
 miri:
 	$(CARGO) +nightly miri test -p kvdrain --lib
+	$(CARGO) +nightly miri test -p kvdrain-ffi --lib
 
 ## Build every fuzz target and run each for FUZZ_SECONDS.
 fuzz-smoke:
 	bash scripts/fuzz-smoke.sh $(FUZZ_SECONDS)
+
+## The C ABI (bindings/c): regenerate the committed header after changing the crate.
+c-header: setup-tools
+	cd bindings/c && cbindgen -q --config cbindgen.toml --crate kvdrain-ffi --output include/kvdrain.h
+
+## Fails when bindings/c/include/kvdrain.h is not what cbindgen generates now.
+c-header-check: setup-tools
+	cd bindings/c && cbindgen -q --config cbindgen.toml --crate kvdrain-ffi --verify --output include/kvdrain.h
+
+## Header check, the C catalogue under ASan+UBSan, the C++ example, the README example,
+## and the catalogue against an installed copy through pkg-config.
+c-test: setup-tools
+	bash scripts/c-test.sh
+
+## Installs kvdrain.h, libkvdrain.a, libkvdrain.so and kvdrain.pc under PREFIX.
+install:
+	bash scripts/c-install.sh "$(PREFIX)"
 
 replay:
 	$(CARGO) run --release --bin kvdrain -- replay $(TRACE)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install the Rust tooling the full test suite uses, idempotently:
 #   rustfmt, clippy, the thumbv7em-none-eabihf target (no_std proof), a nightly toolchain
-#   with miri and rust-src (miri, cargo-fuzz), cargo-fuzz itself, and cargo-deny (pinned).
+#   with miri and rust-src (miri, cargo-fuzz), cargo-fuzz itself, and cargo-deny (pinned);
+#   for the C ABI (make c-test): cbindgen (pinned), pkg-config, and gcc/g++ with their
+#   sanitizer runtimes.
 # Each step is skipped when already done. Works from any cwd.
 set -euo pipefail
 
@@ -36,10 +38,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     log "cargo install cargo-fuzz"
     cargo install --locked cargo-fuzz
 fi
-# `make deny` (licenses, bans, sources). Pinned: deny.toml follows this version's format.
-CARGO_DENY_VERSION=0.20.2
-if [[ "$(cargo deny --version 2>/dev/null)" != "cargo-deny $CARGO_DENY_VERSION" ]]; then
-    log "cargo install cargo-deny $CARGO_DENY_VERSION"
-    cargo install --locked cargo-deny --version "$CARGO_DENY_VERSION"
-fi
+#   with miri and rust-src (miri, cargo-fuzz), cargo-fuzz itself, and cargo-deny (pinned);
+#   for the C ABI (make c-test): cbindgen (pinned), pkg-config, and gcc/g++ with their
+#   sanitizer runtimes.
 log "tools ready"

@@ -45,6 +45,12 @@ pub enum BenchCommand {
         after_help = "Example:\n  kvdrain bench stream --inflight 64 --edges 2 --notifications 1000"
     )]
     Stream(StreamArgs),
+    /// ns per notification through the C ABI (kvdrain-ffi) next to the Rust API on the
+    /// same ledger, interleaved in one run, with the ratio.
+    #[command(
+        after_help = "Example:\n  kvdrain bench c-api --inflight 4096 --edges 2 --notifications 2_000_000 --reps 11"
+    )]
+    CApi(CApiArgs),
 }
 
 /// How requests wait for their notifications (`--mode`).
@@ -238,4 +244,15 @@ mod tests {
         assert!(share("1.5").is_err());
         assert_eq!(share("0.5"), Ok(0.5));
     }
+}
+
+/// `bench c-api`.
+#[derive(Debug, Clone, Args)]
+pub struct CApiArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub ingest: IngestArgs,
+    /// The C/Rust ratio (median of per-rep ratios) reported as met at or below this.
+    #[arg(long, value_name = "X", default_value_t = 1.10)]
+    pub target: f64,
 }

@@ -119,7 +119,8 @@ pub struct Shape {
     pass: fn(&Workload<'_>) -> Pass,
 }
 
-fn shape<const N: usize, const E: usize>() -> Shape {
+/// `Ledger<N, E>` whatever R (`bench c-api` compares on the C ABI's instantiation).
+pub fn shape<const N: usize, const E: usize>() -> Shape {
     Shape {
         n: N,
         e: E,

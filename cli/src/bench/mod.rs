@@ -8,6 +8,7 @@
 //! | `bench sweep` | `bench ingest` for R = 64 … 65 536 × E = 1, 2, 8, 32, and how flat it is |
 //! | `bench tick` | cost of one [`advance`](kvdrain::Ledger::advance) with many requests in flight and few expiring |
 //! | `bench memory` | `size_of` of the ledger and per tracked request |
+//! | `bench c-api` | ns per notification through the C ABI (`kvdrain-ffi`) next to the Rust API, and the ratio |
 //! | `bench stream` | the message stream, one a line (to `cmp` against the Python generator) |
 //!
 //! Every command prints JSON lines. The message stream ([`stream`]) is byte-identical to
@@ -23,6 +24,7 @@ pub mod ingest;
 pub mod line;
 pub mod stream;
 
+mod c_api;
 mod compare;
 mod memory;
 mod sweep;
@@ -46,6 +48,7 @@ pub fn main(what: BenchCommand) -> ExitCode {
         BenchCommand::Tick(a) => tick::main(&a),
         BenchCommand::Memory => memory::main(),
         BenchCommand::Stream(a) => ingest::stream_main(&a),
+        BenchCommand::CApi(a) => c_api::main(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

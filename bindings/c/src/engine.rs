@@ -1,0 +1,501 @@
+//! The engine half: register, abort, fence, advance, poll, counters and getters.
+
+use core::mem::MaybeUninit;
+
+use kvdrain::{
+    AbortError, AgentId, BlockHandle, ClockError, EngineCounters, Expect, Quarantined,
+    RegisterErrorKind, Registration,
+};
+
+use crate::decisions::{Out, Queue, kvdrain_decision, kvdrain_quarantined};
+use crate::group::{CoreEngine, kvdrain_engine, with_half};
+use crate::status::kvdrain_status::{self, *};
+use crate::status::{span, write_opt};
+use crate::tickets::{Lookup, Tickets};
+
+/// What the engine handle holds: the core half, the tickets of the keys it handed out,
+/// and the decisions taken from the core that the caller has not taken out yet.
+#[derive(Debug)]
+pub(crate) struct EngineSide {
+    pub(crate) engine: CoreEngine,
+    tickets: Tickets,
+    queue: Queue,
+}
+
+impl EngineSide {
+    pub(crate) fn new(engine: CoreEngine, capacity: usize) -> Self {
+        EngineSide {
+            engine,
+            tickets: Tickets::with_capacity(capacity),
+            queue: Queue::for_capacity(capacity),
+        }
+    }
+}
+
+/// `uint64_t` for "no timer pending" (`kvdrain_engine_info.next_timer_ms`).
+pub const KVDRAIN_NO_TIMER: u64 = u64::MAX;
+
+/// A request to track.
+///
+/// Counting mode (vLLM's semantics): `agents_len` 0 and `count` in `1..=64` — the request
+/// waits for `count` notices from anyone. Named-edge mode: `agents` lists `1..=8` distinct
+/// producer agent ids and `count` is 0 — the request waits for exactly one notice from
+/// each (duplicates and unexpected senders are detected).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kvdrain_registration {
+    /// The consumer's request id as it appears in completions: UTF-8 bytes, not
+    /// NUL-terminated. Borrowed for the call.
+    pub id: *const u8,
+    /// Bytes in `id`.
+    pub id_len: usize,
+    /// Your handle on the request's destination blocks; handed back in `COMPLETED` or
+    /// `RELEASED`.
+    pub blocks: u64,
+    /// Counting mode: notices to wait for (`1..=64`); 0 in named-edge mode.
+    pub count: u32,
+    /// Named-edge mode: the producer agents (`agents_len` of them); borrowed for the call.
+    pub agents: *const u16,
+    /// Agents in `agents`; 0 in counting mode.
+    pub agents_len: usize,
+    /// Milliseconds from now to the deadline; 0 uses the ledger's `deadline_ms`.
+    pub deadline_ms: u64,
+}
+
+/// What the engine decided (one counter per outcome and cause).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+pub struct kvdrain_engine_counters {
+    /// Registrations accepted.
+    pub registered: u64,
+    /// Registrations refused: table full.
+    pub rejected_full: u64,
+    /// Registrations refused: id tracked already.
+    pub rejected_duplicate_id: u64,
+    /// Registrations refused: bad count or edge list.
+    pub rejected_invalid: u64,
+    /// `COMPLETED` decisions.
+    pub completed: u64,
+    /// `FAILED` decisions.
+    pub failed: u64,
+    /// Aborts that quarantined a request.
+    pub aborted: u64,
+    /// `EXPIRED` decisions.
+    pub expired: u64,
+    /// `RELEASED` after every edge resolved.
+    pub released: u64,
+    /// `RELEASED` with `forced` (quarantine ran out).
+    pub released_forced: u64,
+    /// Aborts of unknown requests.
+    pub abort_unknown: u64,
+    /// Aborts of requests decided first.
+    pub abort_late: u64,
+    /// Named edges resolved as failed by a fence.
+    pub fenced_edges: u64,
+}
+
+impl From<&EngineCounters> for kvdrain_engine_counters {
+    fn from(c: &EngineCounters) -> Self {
+        kvdrain_engine_counters {
+            registered: c.registered,
+            rejected_full: c.rejected_full,
+            rejected_duplicate_id: c.rejected_duplicate_id,
+            rejected_invalid: c.rejected_invalid,
+            completed: c.completed,
+            failed: c.failed,
+            aborted: c.aborted,
+            expired: c.expired,
+            released: c.released,
+            released_forced: c.released_forced,
+            abort_unknown: c.abort_unknown,
+            abort_late: c.abort_late,
+            fenced_edges: c.fenced_edges,
+        }
+    }
+}
+
+/// `bytes` as UTF-8, with a fast path for ASCII (what request ids are in practice).
+#[inline]
+pub(crate) fn utf8(bytes: &[u8]) -> Option<&str> {
+    if bytes.is_ascii() {
+        // SAFETY: ASCII is valid UTF-8.
+        Some(unsafe { core::str::from_utf8_unchecked(bytes) })
+    } else {
+        core::str::from_utf8(bytes).ok()
+    }
+}
+
+/// The most agents a registration may list before the core sees it (the core refuses
+/// more than `KVDRAIN_MAX_EDGES` itself and counts the refusal).
+const AGENT_LIST_MAX: usize = 64;
+
+fn register(side: &mut EngineSide, r: &kvdrain_registration, key_out: *mut u64) -> kvdrain_status {
+    // SAFETY: the caller's spans are valid for the call (contract of register).
+    let (id, agents) = match unsafe { (span(r.id, r.id_len), span(r.agents, r.agents_len)) } {
+        (Ok(id), Ok(agents)) => (id, agents),
+        (Err(e), _) | (_, Err(e)) => return e,
+    };
+    let Some(id) = utf8(id) else {
+        return KVDRAIN_ERR_INVALID;
+    };
+    // Initialised only in named-edge mode: counting mode (the hot path) skips the copy.
+    let list: [AgentId; AGENT_LIST_MAX];
+    let expect = if agents.is_empty() {
+        match u8::try_from(r.count) {
+            Ok(n) => Expect::Count(n),
+            Err(_) => return KVDRAIN_ERR_BAD_COUNT,
+        }
+    } else {
+        if r.count != 0 {
+            return KVDRAIN_ERR_INVALID;
+        }
+        if agents.len() > AGENT_LIST_MAX {
+            return KVDRAIN_ERR_BAD_EDGES;
+        }
+        list = core::array::from_fn(|i| AgentId(agents.get(i).copied().unwrap_or(0)));
+        Expect::Edges(&list[..agents.len()])
+    };
+    let registration = Registration {
+        id,
+        blocks: BlockHandle(r.blocks),
+        expect,
+        deadline_ms: (r.deadline_ms != 0).then_some(r.deadline_ms),
+    };
+    match side.engine.register(registration) {
+        Ok(ticket) => {
+            let key = ticket.key().get();
+            side.tickets.insert(ticket);
+            // SAFETY: NULL or writable, per the contract.
+            unsafe { write_opt(key_out, key) };
+            KVDRAIN_OK
+        }
+        Err(e) => match e.kind {
+            RegisterErrorKind::Full => KVDRAIN_ERR_FULL,
+            RegisterErrorKind::DuplicateId => KVDRAIN_ERR_DUPLICATE_ID,
+            RegisterErrorKind::BadCount => KVDRAIN_ERR_BAD_COUNT,
+            RegisterErrorKind::BadEdges => KVDRAIN_ERR_BAD_EDGES,
+            _ => KVDRAIN_ERR_INVALID,
+        },
+    }
+}
+
+/// Starts tracking a request; writes its key (registration order, from 0) to `*key_out`
+/// unless `key_out` is NULL. Engine thread.
+///
+/// Errors (nothing changed): `KVDRAIN_ERR_FULL`, `KVDRAIN_ERR_DUPLICATE_ID`,
+/// `KVDRAIN_ERR_BAD_COUNT`, `KVDRAIN_ERR_BAD_EDGES`, `KVDRAIN_ERR_INVALID` (id not UTF-8,
+/// or both a count and agents), `KVDRAIN_ERR_NULL`.
+///
+/// # Safety
+/// `engine` is NULL or a live engine handle; `registration` is NULL or points to a
+/// registration whose `id` and `agents` spans are readable for the call; `key_out` is NULL
+/// or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvdrain_engine_register(
+    engine: *mut kvdrain_engine,
+    registration: *const kvdrain_registration,
+    key_out: *mut u64,
+) -> kvdrain_status {
+    // SAFETY: NULL or readable, per the contract.
+    let Some(r) = (unsafe { registration.as_ref() }) else {
+        return KVDRAIN_ERR_NULL;
+    };
+    // SAFETY: as documented.
+    unsafe { with_half(engine, |side| register(side, r, key_out)) }
+}
+
+fn abort_done(
+    side: &mut EngineSide,
+    result: Result<Quarantined, AbortError>,
+    out: *mut kvdrain_quarantined,
+) -> kvdrain_status {
+    match result {
+        Ok(q) => {
+            side.tickets.forget(q.key().get());
+            // SAFETY: NULL or writable, per the contract of the caller.
+            unsafe { write_opt(out, kvdrain_quarantined::from(&q)) };
+            KVDRAIN_OK
+        }
+        Err(AbortError::Late) => KVDRAIN_ERR_LATE,
+        Err(AbortError::Unknown) => KVDRAIN_ERR_UNKNOWN,
+    }
+}
+
+/// Aborts the request registered under `key`: it is over for the client now (`*out`
+/// describes it unless NULL); its blocks stay fenced until a `RELEASED` comes from poll
+/// (every edge resolved, or the quarantine ran out). Engine thread.
+///
+/// Errors: `KVDRAIN_ERR_LATE` (decided first: its decision comes from poll),
+/// `KVDRAIN_ERR_STALE` (this key was aborted before, or its decision was taken from the
+/// core already: it comes, or came, out of poll),
+/// `KVDRAIN_ERR_UNKNOWN` (no registration got this key).
+///
+/// # Safety
+/// `engine` is NULL or a live engine handle; `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvdrain_engine_abort(
+    engine: *mut kvdrain_engine,
+    key: u64,
+    out: *mut kvdrain_quarantined,
+) -> kvdrain_status {
+    // SAFETY: as documented.
+    unsafe {
+        with_half(engine, |side| match side.tickets.take(key) {
+            Lookup::Live(ticket) => {
+                let result = side.engine.abort(ticket);
+                abort_done(side, result, out)
+            }
+            Lookup::Spent => KVDRAIN_ERR_STALE,
+            Lookup::NeverIssued => KVDRAIN_ERR_UNKNOWN,
+        })
+    }
+}
+
+/// Aborts a request by id (UTF-8 bytes, borrowed for the call), for callers that keep ids
+/// rather than keys. As `kvdrain_engine_abort`, with `KVDRAIN_ERR_UNKNOWN` for an id that
+/// is neither tracked nor remembered and `KVDRAIN_ERR_LATE` for one decided already.
+///
+/// # Safety
+/// `engine` is NULL or a live engine handle; `id` is readable for `id_len` bytes; `out` is
+/// NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvdrain_engine_abort_id(
+    engine: *mut kvdrain_engine,
+    id: *const u8,
+    id_len: usize,
+    out: *mut kvdrain_quarantined,
+) -> kvdrain_status {
+    // SAFETY: as documented.
+    unsafe {
+        with_half(engine, |side| {
+            let id = match span(id, id_len) {
+                Ok(bytes) => match core::str::from_utf8(bytes) {
+                    Ok(id) => id,
+                    Err(_) => return KVDRAIN_ERR_INVALID,
+                },
+                Err(e) => return e,
+            };
+            let result = side.engine.abort_id(id);
+            abort_done(side, result, out)
+        })
+    }
+}
+
+fn poll(side: &mut EngineSide, out: &mut Out<'_>) {
+    side.queue.drain_into(out);
+    if !side.queue.is_empty() || out.is_full() {
+        return;
+    }
+    // The queue is empty, so it has room for whatever one core call emits.
+    let EngineSide {
+        engine,
+        tickets,
+        queue,
+    } = side;
+    engine.poll(|d| {
+        let d = kvdrain_decision::from_core(d);
+        if d.ends_ticket() {
+            tickets.forget(d.key);
+        }
+        if out.is_full() {
+            queue.push(d);
+        } else {
+            out.push(d);
+        }
+    });
+}
+
+/// Takes decisions out, oldest first: `*n` is the room in `out` on entry and the number
+/// written on return. Nothing is allocated. When `*n` comes back equal to the room given,
+/// more may wait: call again. Engine thread.
+///
+/// This is where `COMPLETED`, `FAILED` and `RELEASED` decisions of requests whose last
+/// notice the ingest half fed come out, and also those queued by `kvdrain_engine_advance`
+/// and `kvdrain_engine_fence`.
+///
+/// # Safety
+/// `engine` is NULL or a live engine handle; `n` is NULL or points to the room in `out`;
+/// `out` is writable for that many decisions (it may be NULL when the room is 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvdrain_engine_poll(
+    engine: *mut kvdrain_engine,
+    out: *mut kvdrain_decision,
+    n: *mut usize,
+) -> kvdrain_status {
+    // SAFETY: as documented.
+    unsafe {
+        with_half(engine, |side| {
+            let Some(room) = n.as_mut() else {
+                return KVDRAIN_ERR_NULL;
+            };
+            let slots: &mut [MaybeUninit<kvdrain_decision>] = if *room == 0 {
+                &mut []
+            } else if out.is_null() {
+                return KVDRAIN_ERR_NULL;
+            } else if *room > isize::MAX as usize / size_of::<kvdrain_decision>() {
+                return KVDRAIN_ERR_INVALID;
+            } else {
+                core::slice::from_raw_parts_mut(out.cast(), *room)
+            };
+            let mut out = Out::new(slots);
+            poll(side, &mut out);
+            *room = out.len();
+            KVDRAIN_OK
+        })
+    }
+}
+
+/// Runs one deciding core call whose decisions go to the queue, if it has room for them.
+fn queued(
+    side: &mut EngineSide,
+    call: impl FnOnce(&mut CoreEngine, &mut dyn FnMut(kvdrain::Decision)) -> kvdrain_status,
+) -> kvdrain_status {
+    if !side.queue.has_reserve() {
+        return KVDRAIN_ERR_PENDING;
+    }
+    let EngineSide {
+        engine,
+        tickets,
+        queue,
+    } = side;
+    call(engine, &mut |d| {
+        let d = kvdrain_decision::from_core(d);
+        if d.ends_ticket() {
+            tickets.forget(d.key);
+        }
+        queue.push(d);
+    })
+}
+
+/// Advances the clock to `now_ms` (your monotonic clock, in ms) and decides every deadline
+/// and quarantine end at or before it, in registration order: `EXPIRED`, and a forced
+/// `RELEASED` when a quarantine is over. The decisions wait for `kvdrain_engine_poll`.
+/// Engine thread.
+///
+/// Errors (nothing changed): `KVDRAIN_ERR_CLOCK_BACKWARDS`, `KVDRAIN_ERR_PENDING`.
+///
+/// # Safety
+/// `engine` is NULL or a live engine handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvdrain_engine_advance(
+    engine: *mut kvdrain_engine,
+    now_ms: u64,
+) -> kvdrain_status {
+    // SAFETY: as documented.
+    unsafe {
+        with_half(engine, |side| {
+            queued(side, |engine, emit| match engine.advance(now_ms, emit) {
+                Ok(()) => KVDRAIN_OK,
+                Err(ClockError::Backwards { .. }) => KVDRAIN_ERR_CLOCK_BACKWARDS,
+            })
+        })
+    }
+}
+
+/// The transport confirmed that `agent` can no longer write into this node: resolves, as
+/// failed, every outstanding named edge of `agent` (counting-mode requests are not
+/// touched). Requests whose last edge this resolves are decided now (`FAILED` then
+/// `RELEASED`, or `RELEASED` for aborted/expired ones); the decisions wait for
+/// `kvdrain_engine_poll`. Writes the number of edges resolved to `*resolved` unless NULL.
+/// Engine thread.
+///
+/// Errors (nothing changed): `KVDRAIN_ERR_PENDING`.
+///
+/// # Safety
+/// `engine` is NULL or a live engine handle; `resolved` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvdrain_engine_fence(
+    engine: *mut kvdrain_engine,
+    agent: u16,
+    resolved: *mut u32,
+) -> kvdrain_status {
+    // SAFETY: as documented.
+    unsafe {
+        with_half(engine, |side| {
+            queued(side, |engine, emit| {
+                let n = engine.fence(AgentId(agent), emit);
+                write_opt(resolved, n);
+                KVDRAIN_OK
+            })
+        })
+    }
+}
+
+/// Copies the engine half's counters into `*out`. Engine thread.
+///
+/// # Safety
+/// `engine` is NULL or a live engine handle; `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvdrain_engine_get_counters(
+    engine: *mut kvdrain_engine,
+    out: *mut kvdrain_engine_counters,
+) -> kvdrain_status {
+    // SAFETY: as documented.
+    unsafe {
+        with_half(engine, |side| {
+            if out.is_null() {
+                return KVDRAIN_ERR_NULL;
+            }
+            write_opt(out, kvdrain_engine_counters::from(side.engine.counters()));
+            KVDRAIN_OK
+        })
+    }
+}
+
+/// A snapshot of the engine's clock and load.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+pub struct kvdrain_engine_info {
+    /// The clock: the last `kvdrain_engine_advance`.
+    pub now_ms: u64,
+    /// When the next deadline or quarantine end falls, or `KVDRAIN_NO_TIMER`.
+    pub next_timer_ms: u64,
+    /// Requests tracked now (quarantined ones included).
+    pub tracked: usize,
+    /// Decisions taken from the core that wait for `kvdrain_engine_poll`.
+    pub queued_decisions: usize,
+    /// Keys whose requests are still counting (abortable).
+    pub live_keys: usize,
+}
+
+/// Writes the engine's clock, next timer and load into `*out`. Engine thread.
+///
+/// # Safety
+/// `engine` is NULL or a live engine handle; `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvdrain_engine_get_info(
+    engine: *mut kvdrain_engine,
+    out: *mut kvdrain_engine_info,
+) -> kvdrain_status {
+    // SAFETY: as documented.
+    unsafe {
+        with_half(engine, |side| {
+            if out.is_null() {
+                return KVDRAIN_ERR_NULL;
+            }
+            let info = kvdrain_engine_info {
+                now_ms: side.engine.now(),
+                next_timer_ms: side.engine.next_timer().unwrap_or(KVDRAIN_NO_TIMER),
+                tracked: side.engine.len(),
+                queued_decisions: side.queue.len(),
+                live_keys: side.tickets.len(),
+            };
+            write_opt(out, info);
+            KVDRAIN_OK
+        })
+    }
+}
+
+/// Frees the engine half. NULL is accepted; a second free does nothing while another
+/// handle of the ledger lives. Must not run concurrently with a call on this handle.
+///
+/// # Safety
+/// `engine` is NULL or an engine handle whose ledger group is still allocated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvdrain_engine_free(engine: *mut kvdrain_engine) {
+    // SAFETY: as documented.
+    unsafe { crate::group::free_half(engine.cast_const()) }
+}

@@ -1,0 +1,367 @@
+//! The heap owner of one ledger and its three handles.
+//!
+//! The core's halves borrow the ledger (`Ingest<'l>`, `Engine<'l>`), and C has no
+//! lifetimes, so the binding keeps the borrow inside one allocation that outlives every
+//! handle:
+//!
+//! ```text
+//!  Group (Box, never moves)                                CoreLedger (Box, ~13 MiB)
+//!  ├─ refs: handles still held by C (1 + 2 after split)     ▲       ▲
+//!  ├─ kvdrain_ledger  { state, split }                      │ &mut  │ &mut
+//!  ├─ kvdrain_ingest  { state, Option<Ingest<'static>> } ───┘       │
+//!  ├─ kvdrain_engine  { state, Option<EngineSide> } ────────────────┘
+//!  └─ core: NonNull<CoreLedger>
+//! ```
+//!
+//! The handles C receives are pointers to the three fields. Freeing a handle marks it
+//! `FREED` (a second free, or a call through it, is then detected while the group lives)
+//! and drops what it holds; the group and the ledger go away with the last handle, in
+//! any order. The `'static` in the halves' types is a promise kept by this file alone:
+//! the halves are dropped before the ledger box, which is freed only in [`Group`]'s drop.
+
+use core::cell::UnsafeCell;
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering, fence};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use kvdrain::{Config, Engine, Ingest};
+
+use crate::config::{CoreLedger, KVDRAIN_MAX_EDGES, TABLE};
+use crate::engine::EngineSide;
+use crate::status::kvdrain_status::{self, *};
+
+const N: usize = TABLE;
+const E: usize = KVDRAIN_MAX_EDGES as usize;
+
+/// The ingest half of the one instantiation.
+/// cbindgen:ignore
+pub(crate) type CoreIngest = Ingest<'static, N, E>;
+/// The engine half of the one instantiation.
+/// cbindgen:ignore
+pub(crate) type CoreEngine = Engine<'static, N, E>;
+
+/// A handle's state word: 0 while usable, else the bits below.
+const LIVE: u32 = 0;
+/// The handle itself was freed.
+const FREED: u32 = 1;
+/// A call through it panicked.
+const POISONED: u32 = 2;
+/// (Halves) the ledger handle was freed.
+const LEDGER_FREED: u32 = 4;
+
+/// The owner of a ledger: create with `kvdrain_ledger_new`, split once with
+/// `kvdrain_ledger_split`, free with `kvdrain_ledger_free`. Any thread, one call at a time.
+#[allow(non_camel_case_types)]
+#[derive(Debug)]
+pub struct kvdrain_ledger {
+    state: AtomicU32,
+    split: AtomicBool,
+    group: *const Group,
+}
+
+/// The half that feeds notifications: one thread at a time (the thread that drains NIXL
+/// notifications), concurrently with the engine half.
+#[allow(non_camel_case_types)]
+#[derive(Debug)]
+pub struct kvdrain_ingest {
+    state: AtomicU32,
+    group: *const Group,
+    half: UnsafeCell<Option<CoreIngest>>,
+}
+
+/// The half that registers, aborts, fences, advances the clock and takes decisions out:
+/// one thread at a time (the scheduler thread), concurrently with the ingest half.
+#[allow(non_camel_case_types)]
+#[derive(Debug)]
+pub struct kvdrain_engine {
+    state: AtomicU32,
+    group: *const Group,
+    side: UnsafeCell<Option<EngineSide>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Group {
+    refs: AtomicUsize,
+    ledger: kvdrain_ledger,
+    ingest: kvdrain_ingest,
+    engine: kvdrain_engine,
+    core: NonNull<CoreLedger>,
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // The halves borrow `*core`: drop them first.
+        *self.ingest.half.get_mut() = None;
+        *self.engine.side.get_mut() = None;
+        // SAFETY: `core` came from `Box::into_raw` in `Group::create` and nothing borrows
+        // it any more (both halves are gone); it is freed exactly once, here.
+        drop(unsafe { Box::from_raw(self.core.as_ptr()) });
+    }
+}
+
+/// Builds the ledger on a thread whose stack fits it (`Ledger::new` returns it by value)
+/// and moves it to the heap.
+fn build_core(config: Config) -> Option<Box<CoreLedger>> {
+    let stack = 4 * size_of::<CoreLedger>() + (16 << 20);
+    std::thread::Builder::new()
+        .name("kvdrain-ledger-new".into())
+        .stack_size(stack)
+        .spawn(move || Box::new(CoreLedger::new(config)))
+        .ok()?
+        .join()
+        .ok()
+}
+
+impl Group {
+    /// A new ledger with its halves split off, owned by the returned ledger handle.
+    pub(crate) fn create(config: Config) -> Result<*mut kvdrain_ledger, kvdrain_status> {
+        let core = NonNull::from(Box::leak(build_core(config).ok_or(KVDRAIN_ERR_ALLOC)?));
+        let raw = Box::into_raw(Box::new(Group {
+            refs: AtomicUsize::new(1),
+            ledger: kvdrain_ledger {
+                state: AtomicU32::new(LIVE),
+                split: AtomicBool::new(false),
+                group: core::ptr::null(),
+            },
+            ingest: kvdrain_ingest {
+                state: AtomicU32::new(LIVE),
+                group: core::ptr::null(),
+                half: UnsafeCell::new(None),
+            },
+            engine: kvdrain_engine {
+                state: AtomicU32::new(LIVE),
+                group: core::ptr::null(),
+                side: UnsafeCell::new(None),
+            },
+            core,
+        }));
+        // SAFETY: `raw` is a fresh, exclusive allocation; the writes go through raw place
+        // projections. `core` is a leaked box that only `Group::drop` frees, after the
+        // halves made from this `&'static mut` are dropped, so the borrow outlives them.
+        unsafe {
+            (*raw).ledger.group = raw;
+            (*raw).ingest.group = raw;
+            (*raw).engine.group = raw;
+            let ledger: &'static mut CoreLedger = &mut *core.as_ptr();
+            let (ingest, engine) = ledger.split();
+            *(*raw).ingest.half.get() = Some(ingest);
+            *(*raw).engine.side.get() = Some(EngineSide::new(engine, config.capacity));
+            Ok(&raw mut (*raw).ledger)
+        }
+    }
+
+    /// Gives up one handle's reference; the last one frees the group and the ledger.
+    ///
+    /// # Safety
+    /// `group` is live and the caller held one reference, which it no longer uses.
+    unsafe fn release(group: *const Group) {
+        // SAFETY: live per the contract; the reference ends before any deallocation.
+        let last = unsafe { (*group).refs.fetch_sub(1, Ordering::Release) } == 1;
+        if last {
+            // Every other handle's last use happens before this drop (as in `Arc`).
+            fence(Ordering::Acquire);
+            // SAFETY: the group came from `Box::into_raw` in `create`; no handle refers
+            // to it any more.
+            drop(unsafe { Box::from_raw(group.cast_mut()) });
+        }
+    }
+}
+
+/// Handle access shared by the three handle types.
+pub(crate) trait Handle {
+    /// What the handle gives access to.
+    type Inner;
+    fn state(&self) -> &AtomicU32;
+    fn group(&self) -> *const Group;
+    fn inner(&self) -> &UnsafeCell<Option<Self::Inner>>;
+}
+
+impl Handle for kvdrain_ingest {
+    type Inner = CoreIngest;
+    fn state(&self) -> &AtomicU32 {
+        &self.state
+    }
+    fn group(&self) -> *const Group {
+        self.group
+    }
+    fn inner(&self) -> &UnsafeCell<Option<CoreIngest>> {
+        &self.half
+    }
+}
+
+impl Handle for kvdrain_engine {
+    type Inner = EngineSide;
+    fn state(&self) -> &AtomicU32 {
+        &self.state
+    }
+    fn group(&self) -> *const Group {
+        self.group
+    }
+    fn inner(&self) -> &UnsafeCell<Option<EngineSide>> {
+        &self.side
+    }
+}
+
+fn check_state(state: &AtomicU32) -> Result<(), kvdrain_status> {
+    match state.load(Ordering::Acquire) {
+        LIVE => Ok(()),
+        s if s & (FREED | LEDGER_FREED) != 0 => Err(KVDRAIN_ERR_FREED),
+        _ => Err(KVDRAIN_ERR_PANIC),
+    }
+}
+
+/// Runs `f` on the half behind `ptr`: NULL, freed and poisoned handles (and halves of a
+/// freed ledger) are refused with a status; a panic in `f` poisons the handle and becomes
+/// `KVDRAIN_ERR_PANIC`.
+///
+/// # Safety
+/// `ptr` is NULL or a handle from `kvdrain_ledger_split` whose group is still allocated
+/// (at least one handle of it not freed), and no other thread calls through the same
+/// handle now.
+pub(crate) unsafe fn with_half<H: Handle>(
+    ptr: *const H,
+    f: impl FnOnce(&mut H::Inner) -> kvdrain_status,
+) -> kvdrain_status {
+    // SAFETY: NULL or a live handle, per the contract.
+    let Some(handle) = (unsafe { ptr.as_ref() }) else {
+        return KVDRAIN_ERR_NULL;
+    };
+    // One load covers the handle's own free, its ledger's free and poisoning.
+    if let Err(status) = check_state(handle.state()) {
+        return status;
+    }
+    // SAFETY: only the one thread calling through this handle touches its cell (the
+    // threading contract), and `free` is not concurrent with a call on the same handle.
+    let Some(inner) = (unsafe { &mut *handle.inner().get() }).as_mut() else {
+        return KVDRAIN_ERR_FREED;
+    };
+    match catch_unwind(AssertUnwindSafe(|| f(inner))) {
+        Ok(status) => status,
+        Err(_) => {
+            handle.state().fetch_or(POISONED, Ordering::AcqRel);
+            KVDRAIN_ERR_PANIC
+        }
+    }
+}
+
+/// Frees a half: later calls through it read `KVDRAIN_ERR_FREED` while its group lives; a
+/// second free does nothing.
+///
+/// # Safety
+/// As [`with_half`].
+pub(crate) unsafe fn free_half<H: Handle>(ptr: *const H) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: NULL or a live handle, per the contract.
+        let Some(handle) = (unsafe { ptr.as_ref() }) else {
+            return;
+        };
+        if handle.state().fetch_or(FREED, Ordering::AcqRel) & FREED != 0 {
+            return;
+        }
+        // SAFETY: no call through this handle runs now (contract); drop what it holds.
+        drop(unsafe { (*handle.inner().get()).take() });
+        let group = handle.group();
+        // SAFETY: this handle held one reference and is not used after this.
+        unsafe { Group::release(group) };
+    }));
+}
+
+/// `kvdrain_ledger_split`: hands out the halves once.
+///
+/// # Safety
+/// `ledger` is NULL or a live ledger handle.
+pub(crate) unsafe fn split(
+    ledger: *const kvdrain_ledger,
+) -> Result<(*mut kvdrain_ingest, *mut kvdrain_engine), kvdrain_status> {
+    // SAFETY: NULL or live, per the contract.
+    let handle = unsafe { ledger.as_ref() }.ok_or(KVDRAIN_ERR_NULL)?;
+    check_state(&handle.state)?;
+    if handle.split.swap(true, Ordering::AcqRel) {
+        return Err(KVDRAIN_ERR_BUSY);
+    }
+    let group = handle.group;
+    // SAFETY: the group is live while this handle is; two more handles now hold it.
+    unsafe {
+        (*group).refs.fetch_add(2, Ordering::Relaxed);
+        Ok((
+            (&raw const (*group).ingest).cast_mut(),
+            (&raw const (*group).engine).cast_mut(),
+        ))
+    }
+}
+
+/// `kvdrain_ledger_free`.
+///
+/// # Safety
+/// `ledger` is NULL or a live ledger handle not used by another call now.
+pub(crate) unsafe fn free_ledger(ledger: *const kvdrain_ledger) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: NULL or live, per the contract.
+        let Some(handle) = (unsafe { ledger.as_ref() }) else {
+            return;
+        };
+        if handle.state.fetch_or(FREED, Ordering::AcqRel) & FREED != 0 {
+            return;
+        }
+        let group = handle.group;
+        // SAFETY: the group is live while this handle is: its halves now refuse calls.
+        unsafe {
+            (*group)
+                .ingest
+                .state
+                .fetch_or(LEDGER_FREED, Ordering::AcqRel);
+            (*group)
+                .engine
+                .state
+                .fetch_or(LEDGER_FREED, Ordering::AcqRel);
+        }
+        // SAFETY: the ledger handle held one reference and is not used after this.
+        unsafe { Group::release(group) };
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::kvdrain_config;
+    use crate::{kvdrain_engine_advance, kvdrain_engine_free, kvdrain_ingest_free};
+    use crate::{kvdrain_ledger_free, kvdrain_ledger_new, kvdrain_ledger_split};
+
+    /// A panic inside a call becomes `KVDRAIN_ERR_PANIC`, poisons that handle only, and the
+    /// handles still free cleanly.
+    #[test]
+    fn a_panic_poisons_the_handle_and_unwinds_no_further() {
+        let config = kvdrain_config::defaults(8);
+        let mut ledger = core::ptr::null_mut();
+        let (mut ingest, mut engine) = (core::ptr::null_mut(), core::ptr::null_mut());
+        // SAFETY: valid pointers throughout; every handle is freed once at the end.
+        unsafe {
+            assert_eq!(kvdrain_ledger_new(&config, &mut ledger), KVDRAIN_OK);
+            assert_eq!(
+                kvdrain_ledger_split(ledger, &mut ingest, &mut engine),
+                KVDRAIN_OK
+            );
+            let hook = std::panic::take_hook();
+            std::panic::set_hook(Box::new(|_| {}));
+            let status = with_half(engine.cast_const(), |_| panic!("injected"));
+            std::panic::set_hook(hook);
+            assert_eq!(status, KVDRAIN_ERR_PANIC);
+            assert_eq!(kvdrain_engine_advance(engine, 1), KVDRAIN_ERR_PANIC);
+            // The other half is not poisoned.
+            assert_eq!(
+                with_half(ingest.cast_const(), |half| {
+                    assert_eq!(half.counters().completions, 0);
+                    KVDRAIN_OK
+                }),
+                KVDRAIN_OK
+            );
+            kvdrain_engine_free(engine);
+            kvdrain_ledger_free(ledger);
+            assert_eq!(
+                with_half(ingest.cast_const(), |_| KVDRAIN_OK),
+                KVDRAIN_ERR_FREED
+            );
+            kvdrain_ingest_free(ingest);
+        }
+    }
+}
