@@ -26,9 +26,9 @@ use kvdrain_ffi::{
     kvdrain_ledger_new, kvdrain_ledger_split, kvdrain_notice, kvdrain_registration, kvdrain_status,
 };
 
+use super::args::CApiArgs;
 use super::ingest::{self, Inputs, Mode, Pass, Shape, Workload};
 use super::stream::Stream;
-use super::args::CApiArgs;
 use super::{Clock, Failure, Line, Spread, alloc, num, on_big_stack, stack_for};
 
 /// The three handles of one C-API ledger, freed on drop.
