@@ -145,6 +145,7 @@ fn apply_config(config: &mut Config, line: &Line<'_>) -> Result<(), String> {
             }
             "deadline_ms" => config.deadline_ms = value,
             "quarantine_ms" => config.quarantine_ms = value,
+            "settle_ms" => config.settle_ms = value,
             _ => return Err(format!("unknown config key {key:?}")),
         }
     }

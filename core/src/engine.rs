@@ -2,14 +2,14 @@
 //! the ingest thread only reads.
 
 use crate::Millis;
+use crate::config::Config;
 use crate::counters::EngineCounters;
 use crate::error::{AbortError, ClockError, RegisterError, RegisterErrorKind};
 use crate::fingerprint::Fingerprint;
 use crate::index::{DELETED, EMPTY, Index};
-use crate::ledger::Config;
 use crate::shared::Shared;
 use crate::slot::EdgeClaim;
-use crate::state_word::{ForceFree, Phase, Quarantine, Resolved, Snapshot};
+use crate::state_word::{ForceFree, Phase, Quarantine, Resolution, Resolved, Snapshot};
 use crate::sync::Ordering;
 use crate::ticket::{
     AgentId, BlockHandle, Counting, Decision, Drained, Expect, Failed, Outstanding,
@@ -32,20 +32,26 @@ struct Request {
     key: u64,
     blocks: u64,
     generation: u32,
-    deadline: Millis,
+    /// While counting, the deadline; while settling, the settle end (rule 8: the last
+    /// failure notice's time plus `settle_ms`). Nothing else needs it in between.
+    due: Millis,
     bucket: u32,
     fp: Fingerprint,
     live: bool,
+    /// Decided, every edge resolved, waiting for its failure notices to settle: the timer
+    /// fires at the settle end (or the quarantine end, if earlier) and releases.
+    settling: bool,
 }
 
 const VACANT: Request = Request {
     key: 0,
     blocks: 0,
     generation: 0,
-    deadline: 0,
+    due: 0,
     bucket: 0,
     fp: Fingerprint { lo: 0, hi: 0 },
     live: false,
+    settling: false,
 };
 
 /// Everything only the engine thread touches.
@@ -180,10 +186,11 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             key,
             blocks: registration.blocks.0,
             generation,
-            deadline,
+            due: deadline,
             bucket,
             fp,
             live: true,
+            settling: false,
         };
         if registration.deadline_ms.is_none() {
             // `now + deadline_ms` never decreases: the O(1) FIFO timer.
@@ -321,7 +328,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                 continue;
             }
             resolved += 1;
-            if shared.state.resolve_edge(r.generation, true) == Resolved::LastEdge {
+            if shared.state.resolve_edge(r.generation, Resolution::Fenced) == Resolved::LastEdge {
                 self.owner.batch[batch] = slot;
                 batch += 1;
             }
@@ -357,6 +364,8 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             });
         }
         self.owner.now = now;
+        // For the ingest thread's failure-notice stamps (rule 8); see `Shared::clock`.
+        self.shared.clock.store(now as u32, Ordering::Relaxed);
         let mut batch = 0;
         while let Some(slot) = self.owner.timers.pop_due(now) {
             self.owner.batch[batch] = slot;
@@ -367,6 +376,13 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             let slot = self.owner.batch[i];
             let r = self.owner.requests[slot as usize];
             let state = &self.shared.slots[slot as usize].state;
+            if r.settling {
+                // Settle end or quarantine end, whichever came first (a tie is the settle
+                // end: not forced).
+                let s = state.load(Ordering::Acquire);
+                self.release_drained(slot, s, r.due > now, &mut emit);
+                continue;
+            }
             match state.load(Ordering::Acquire).phase() {
                 Phase::Counting => {
                     if let Quarantine::Entered(s) = state.quarantine(r.generation, Phase::Expired) {
@@ -376,7 +392,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                             s,
                             QuarantineCause::Expired,
                         )));
-                        let end = r.deadline.saturating_add(self.owner.config.quarantine_ms);
+                        let end = r.due.saturating_add(self.owner.config.quarantine_ms);
                         if end <= now {
                             self.force_release(slot, &mut emit);
                         } else {
@@ -441,39 +457,101 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         batch[..len].sort_unstable_by_key(|&slot| requests[slot as usize].key);
     }
 
-    /// Every edge of `slot` is resolved (`s.outstanding() == 0`): decide and free.
+    /// Every edge of `slot` is resolved (`s.outstanding() == 0`): decide, then release and
+    /// free at once or, if a failure notice has not settled yet (rule 8), when it has.
     fn decide_drained(&mut self, slot: u32, s: Snapshot, emit: &mut impl FnMut(Decision)) {
         let r = self.owner.requests[slot as usize];
         let key = RequestKey(r.key);
-        let blocks = BlockHandle(r.blocks);
+        let now = self.owner.now;
+        match s.phase() {
+            Phase::Counting if !s.failed() => {
+                self.retire(slot);
+                self.shared.slots[slot as usize].state.free_drained(s);
+                self.owner.counters.completed += 1;
+                emit(Decision::Completed(Drained {
+                    key,
+                    blocks: BlockHandle(r.blocks),
+                }));
+                return;
+            }
+            Phase::Counting => {
+                self.owner.counters.failed += 1;
+                emit(Decision::Failed(Failed { key }));
+            }
+            Phase::Aborted | Phase::Expired => {}
+            Phase::Free => {
+                debug_assert!(false, "a drained slot is live");
+                return;
+            }
+        }
+        let settle_end = self.settle_end(slot, s);
+        if settle_end <= now {
+            return self.release_drained(slot, s, false, emit);
+        }
+        // Aborted or expired: the quarantine end (its timer) bounds the wait. `None`: the
+        // quarantine timer already fired while this decision waited on the ready ring.
+        let quarantine_end = match s.phase() {
+            Phase::Counting => Millis::MAX,
+            _ => self.owner.timers.due(slot).unwrap_or(now),
+        };
+        if quarantine_end <= now {
+            return self.release_drained(slot, s, true, emit);
+        }
+        let o = &mut *self.owner;
+        o.requests[slot as usize].settling = true;
+        o.requests[slot as usize].due = settle_end;
+        o.timers.set(slot, settle_end.min(quarantine_end), r.key);
+        o.counters.settle_started += 1;
+        o.counters.settling += 1;
+    }
+
+    /// When the blocks of drained `slot` may be released as far as rule 8 goes: the last
+    /// failure notice's time plus `settle_ms`, or 0 if no failure notice resolved an edge.
+    fn settle_end(&self, slot: u32, s: Snapshot) -> Millis {
+        if !s.settles() {
+            return 0;
+        }
+        let stamp = self.shared.slots[slot as usize].failure_noticed_at();
+        self.failure_noticed_at(stamp)
+            .saturating_add(self.owner.config.settle_ms)
+    }
+
+    /// The full time of a failure stamp (the low 32 bits of a clock value the engine
+    /// published, never later than its clock): the latest time at or before the clock
+    /// with those low bits. Exact while the notice is less than 2^32 ms (49.7 days) old;
+    /// an older one reads as later, which can only delay a release.
+    fn failure_noticed_at(&self, stamp: u32) -> Millis {
+        let now = self.owner.now;
+        now.saturating_sub(u64::from((now as u32).wrapping_sub(stamp)))
+    }
+
+    /// Releases and frees drained `slot` (`s.outstanding() == 0`).
+    fn release_drained(
+        &mut self,
+        slot: u32,
+        s: Snapshot,
+        forced: bool,
+        emit: &mut impl FnMut(Decision),
+    ) {
+        debug_assert_eq!(s.outstanding(), 0);
+        let r = self.owner.requests[slot as usize];
         self.retire(slot);
         self.shared.slots[slot as usize].state.free_drained(s);
         let c = &mut self.owner.counters;
-        match s.phase() {
-            Phase::Counting if !s.failed() => {
-                c.completed += 1;
-                emit(Decision::Completed(Drained { key, blocks }));
-            }
-            Phase::Counting => {
-                c.failed += 1;
-                c.released += 1;
-                emit(Decision::Failed(Failed { key }));
-                emit(Decision::Released(Released {
-                    key,
-                    blocks,
-                    forced: false,
-                }));
-            }
-            Phase::Aborted | Phase::Expired => {
-                c.released += 1;
-                emit(Decision::Released(Released {
-                    key,
-                    blocks,
-                    forced: false,
-                }));
-            }
-            Phase::Free => {}
+        if r.settling {
+            c.settling -= 1;
+            c.settle_released += u64::from(!forced);
         }
+        if forced {
+            c.released_forced += 1;
+        } else {
+            c.released += 1;
+        }
+        emit(Decision::Released(Released {
+            key: RequestKey(r.key),
+            blocks: BlockHandle(r.blocks),
+            forced,
+        }));
     }
 
     /// Quarantine over with edges outstanding: free the slot anyway.
@@ -508,6 +586,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         self.shared.index.remove(r.bucket as usize);
         o.timers.cancel(slot);
         r.live = false;
+        r.settling = false;
         o.free[o.free_len] = slot;
         o.free_len += 1;
         o.live -= 1;

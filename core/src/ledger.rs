@@ -2,41 +2,13 @@
 //! engine half that may run on two threads.
 
 use crate::Millis;
+use crate::config::Config;
 use crate::counters::{Counters, EngineCounters, IngestCounters};
 use crate::engine::{Engine, Owner};
 use crate::error::{AbortError, ClockError, Ignored, RegisterError};
 use crate::ingest::{Ingest, Noticed};
 use crate::shared::Shared;
 use crate::ticket::{AgentId, Counting, Decision, Quarantined, Registration};
-
-/// Run-time settings.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct Config {
-    /// Requests tracked at once, quarantined ones included; at most `N`.
-    pub capacity: usize,
-    /// Default deadline of a registration, in ms.
-    pub deadline_ms: u64,
-    /// How long the blocks of an aborted or expired request stay fenced after the abort or
-    /// the deadline before they are released anyway, in ms. Set it above the producers'
-    /// lease (vLLM: 30 s) so that no producer can still be writing.
-    pub quarantine_ms: u64,
-    /// Key of the request-id fingerprints. Any value works; a secret one keeps peers from
-    /// aiming for collisions.
-    pub seed: u64,
-}
-
-impl Config {
-    /// The spec's defaults: deadline 30 s, quarantine 60 s, capacity `n`.
-    pub const fn with_capacity(n: usize) -> Self {
-        Config {
-            capacity: n,
-            deadline_ms: 30_000,
-            quarantine_ms: 60_000,
-            seed: 0x6b76_6472_6169_6e00,
-        }
-    }
-}
 
 /// The consumer-side tracker for up to `N` requests with up to `E` named edges each.
 ///

@@ -144,6 +144,7 @@
 extern crate std;
 #[cfg(kvdrain_loom)]
 mod broken;
+mod config;
 mod counters;
 mod engine;
 mod error;
@@ -165,11 +166,12 @@ mod timers;
 mod tombstones;
 pub mod wire;
 
+pub use config::Config;
 pub use counters::{Counters, EngineCounters, IngestCounters};
 pub use engine::Engine;
 pub use error::{AbortError, ClockError, IgnoreReason, Ignored, RegisterError, RegisterErrorKind};
 pub use ingest::{Ingest, Noticed};
-pub use ledger::{Config, Ledger};
+pub use ledger::Ledger;
 pub use ticket::{
     AgentId, BlockHandle, Counting, Decision, Drained, Expect, Failed, Outstanding,
     QuarantineCause, Quarantined, Registration, Released, RequestKey,

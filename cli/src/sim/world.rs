@@ -157,6 +157,7 @@ impl World {
             capacity: CAPACITY,
             deadline_ms: DEADLINE,
             quarantine_ms: QUARANTINE,
+            settle_ms: SETTLE,
             seed: rng.next_u64(),
         };
         let consumers = (0..cluster.d_tp)
