@@ -409,8 +409,9 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     }
 
     /// Takes out the decisions of requests whose last edge the ingest side resolved:
-    /// `Completed`, or `Failed` then `Released`, or (aborted/expired) `Released`.
-    /// Returns how many requests were decided.
+    /// `Completed`, or `Failed` then `Released`, or (aborted/expired) `Released`. A
+    /// `Released` that waits for a failure notice to settle (rule 8) comes later from
+    /// [`advance`](Self::advance). Returns how many requests it handed decisions out for.
     pub fn poll(&mut self, mut emit: impl FnMut(Decision)) -> usize {
         let mut decided = 0;
         while let Some(slot) = self.shared.ready.pop() {
@@ -418,8 +419,12 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                 .state
                 .load(Ordering::Acquire);
             if s.outstanding() == 0 && s.is_live(self.owner.requests[slot as usize].generation) {
-                self.decide_drained(slot, s, &mut emit);
-                decided += 1;
+                let mut emitted = false;
+                self.decide_drained(slot, s, &mut |d| {
+                    emitted = true;
+                    emit(d);
+                });
+                decided += usize::from(emitted);
             }
         }
         decided

@@ -18,6 +18,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use super::model::{
     MAbortError, MConfig, MDecision, MExpect, MIgnore, MNoticed, MOutstanding, MReject, Model,
 };
+use super::spec_parse::{SpecMessage, spec_parse};
 use crate::{
     AbortError, AgentId, BlockHandle, Config, Counting, Decision, Expect, IgnoreReason, Ledger,
     Noticed, Outstanding, Quarantined, RegisterErrorKind, Registration,
@@ -49,6 +50,7 @@ struct Setup {
     capacity: u8,
     deadline_ms: u8,
     quarantine_ms: u8,
+    settle_ms: u8,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -168,7 +170,7 @@ pub fn ledger_ops(data: &[u8]) {
 fn alphabet_fits_tombstones() {
     static CHECKED: OnceLock<()> = OnceLock::new();
     CHECKED.get_or_init(|| {
-        let mut ledger: Ledger<N, E> = Ledger::new(config(N, 10, 0));
+        let mut ledger: Ledger<N, E> = Ledger::new(config(N, 10, 0, 0));
         for (i, id) in IDS.iter().enumerate() {
             let registration = Registration {
                 id,
@@ -191,11 +193,12 @@ fn alphabet_fits_tombstones() {
     });
 }
 
-fn config(capacity: usize, deadline_ms: u64, quarantine_ms: u64) -> Config {
+fn config(capacity: usize, deadline_ms: u64, quarantine_ms: u64, settle_ms: u64) -> Config {
     Config {
         capacity,
         deadline_ms,
         quarantine_ms,
+        settle_ms,
         ..Config::with_capacity(capacity)
     }
 }
@@ -217,6 +220,8 @@ struct Seen {
     terminal: Option<(Terminal, u64)>,
     /// `Some(forced)` once released.
     released: Option<bool>,
+    /// When the last failure notice that resolved one of its edges came (rule 8).
+    last_failure_notice: Option<u64>,
 }
 
 struct Harness {
@@ -226,6 +231,7 @@ struct Harness {
     seen: BTreeMap<u64, Seen>,
     deadline_ms: u64,
     quarantine_ms: u64,
+    settle_ms: u64,
     notices_counted: u64,
     notices_failed: u64,
     last_edges: u64,
@@ -279,18 +285,22 @@ impl Harness {
         let capacity = usize::from(setup.capacity % (N as u8 + 2));
         let deadline_ms = u64::from(setup.deadline_ms % 64);
         let quarantine_ms = u64::from(setup.quarantine_ms % 64);
+        // 0 (vLLM's behaviour) a quarter of the time.
+        let settle_ms = u64::from(setup.settle_ms % 64).saturating_sub(16);
         Harness {
-            ledger: Ledger::new(config(capacity, deadline_ms, quarantine_ms)),
+            ledger: Ledger::new(config(capacity, deadline_ms, quarantine_ms, settle_ms)),
             model: Model::new(MConfig {
                 capacity: capacity.min(N),
                 deadline_ms,
                 quarantine_ms,
+                settle_ms,
                 max_edges: E,
             }),
             tickets: Vec::new(),
             seen: BTreeMap::new(),
             deadline_ms,
             quarantine_ms,
+            settle_ms,
             notices_counted: 0,
             notices_failed: 0,
             last_edges: 0,
@@ -377,6 +387,7 @@ impl Harness {
                         blocks,
                         terminal: None,
                         released: None,
+                        last_failure_notice: None,
                     },
                 );
                 self.tickets.push(Some(ticket));
@@ -402,6 +413,13 @@ impl Harness {
     fn notify(&mut self, agent: u16, message: &Message) {
         let bytes = message.bytes();
         let len_before = self.ledger.len();
+        // The request a failure notice would resolve an edge of, by the spec's parser.
+        let failing = match spec_parse(&bytes) {
+            SpecMessage::Notice {
+                id, failed: true, ..
+            } => self.model.key_of(&id),
+            _ => None,
+        };
         let real = self
             .ledger
             .handle_notification(AgentId(agent), &bytes)
@@ -416,6 +434,12 @@ impl Harness {
             Ok(n) => {
                 if bytes.starts_with(b"PUSH_FAIL:") {
                     self.notices_failed += 1;
+                    let key = failing.expect("an accepted failure notice names a tracked request");
+                    let now = self.model.now();
+                    self.seen
+                        .get_mut(&key)
+                        .expect("registered")
+                        .last_failure_notice = Some(now);
                 } else {
                     self.notices_counted += 1;
                 }
@@ -506,17 +530,26 @@ impl Harness {
                 }
                 MDecision::Failed { key } => {
                     self.terminal(key, Terminal::Failed);
-                    // `released` follows at once.
+                    // `released` follows at once, unless a failure notice has not settled
+                    // yet (rule 8): then the request holds its slot until it has.
                     let released = MDecision::Released {
                         key,
                         blocks: self.seen[&key].blocks,
                         forced: false,
                     };
-                    assert_eq!(
-                        decisions.get(i + 1),
-                        Some(&released),
-                        "{key}: failed, then?"
-                    );
+                    let now = self.model.now();
+                    let settles = self.seen[&key]
+                        .last_failure_notice
+                        .is_some_and(|t| t.saturating_add(self.settle_ms) > now);
+                    if settles {
+                        assert!(self.model.is_settling(key), "{key}: failed, not settling");
+                    } else {
+                        assert_eq!(
+                            decisions.get(i + 1),
+                            Some(&released),
+                            "{key}: failed, then?"
+                        );
+                    }
                 }
                 MDecision::Expired { key, .. } => self.terminal(key, Terminal::Expired),
                 MDecision::Released {
@@ -536,6 +569,14 @@ impl Harness {
                     let Some((t, since)) = seen.terminal else {
                         panic!("{key}: released before any outcome");
                     };
+                    // Rule 8: an unforced release comes only after every failure notice
+                    // has settled.
+                    if let (false, Some(noticed)) = (forced, seen.last_failure_notice) {
+                        assert!(
+                            noticed.saturating_add(self.settle_ms) <= now,
+                            "{key}: released before its failure notice at {noticed} settled"
+                        );
+                    }
                     assert_ne!(t, Terminal::Completed, "{key}: released after completed");
                     if forced {
                         // Rule 1: forced only when the quarantine ran out.
@@ -641,5 +682,11 @@ impl Harness {
         assert_eq!(e.expired, expired, "expired {ctx}");
         assert_eq!(e.released, released, "released {ctx}");
         assert_eq!(e.released_forced, forced, "forced releases {ctx}");
+        assert_eq!(e.settling, self.model.settling() as u64, "settling {ctx}");
+        assert!(
+            e.settle_released <= e.settle_started
+                && e.settle_started <= e.failed + e.aborted + e.expired,
+            "settle counters {ctx}"
+        );
     }
 }
