@@ -13,7 +13,7 @@ const USAGE: &str = "\
 usage: kvdrain <command> [args]
 
 commands:
-  replay FILE|-     print the decisions the tracker takes for a trace (spec/replay-trace.md)
+  replay FILE|-     print the decisions the tracker takes for a trace (docs/replay-trace.md)
   sim --seed S --requests N [--p-tp A --p-pp B --d-tp C | --random-topology]
                     simulate P->D clusters under every fault class; one JSON line
   demo [options]    push KV from P (TP=2) to D (TP=1) over real NIXL, with a summary (demo --help)

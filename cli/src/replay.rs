@@ -1,5 +1,5 @@
 //! `kvdrain replay FILE|-`: feeds a trace of consumer-side events through the real tracker
-//! and prints every decision it takes, one JSON object per line (`spec/replay-trace.md`).
+//! and prints every decision it takes, one JSON object per line (`docs/replay-trace.md`).
 //!
 //! This file only parses the trace and formats decisions; every decision comes from
 //! [`kvdrain::Ledger`].

@@ -11,12 +11,22 @@
 //!              register                 last edge resolved, none failed
 //!  (pending) ───────────▶ COUNTING ─────────────────────────────────────▶ completed
 //!                            │  │       last edge resolved, ≥1 failed
-//!                            │  └───────────────────────────────────────▶ failed ─▶ released
-//!                     abort  │  deadline                                            ▲
-//!                            ▼  ▼                                                   │
-//!                    ABORTED / EXPIRED ── every edge resolved (late notice, fence) ─┤
-//!                       (quarantined)  ── quarantine_ms ran out ────────────────────┘ (forced)
+//!                            │  └───────────────────────────────────────▶ failed ──┐
+//!                     abort  │  deadline                                           │
+//!                            ▼  ▼                                                  ▼
+//!                    ABORTED / EXPIRED ── every edge resolved ───────────▶ (SETTLING) ─▶ released
+//!                       (quarantined)        (late notice, fence)       settle end     ▲
+//!                            │                    │ quarantine end first               │
+//!                            └── quarantine_ms ran out, edges outstanding ─────────────┘ (forced)
 //! ```
+//!
+//! `SETTLING` (rule 8) is passed through at once, with no wait, unless a failure notice
+//! (`PUSH_FAIL:`) resolved one of the request's edges less than
+//! [`settle_ms`](Config::settle_ms) ago: the write it reports may have failed after it
+//! was posted and still be landing, so the blocks stay fenced until `settle_ms` after the
+//! last such notice (or, for an aborted or expired request, until its quarantine ends, if
+//! that comes first: a forced release is never delayed). A settling request is decided
+//! (`failed` was handed out, notices for it are `late`) but still holds its slot.
 //!
 //! An *edge* is one producer write that the request waits for: in counting mode (vLLM's
 //! semantics) `n` notices from anyone; in named-edge mode one notice from each named
@@ -25,11 +35,13 @@
 //! once; what the ledger remembers of decided ids (for `late`) lives in a separate
 //! tombstone table that costs no capacity.
 //!
-//! The rules kept (from `spec/replay-trace.md`): no block is released while a write may
-//! still land; every request reaches exactly one of completed / failed / aborted / expired,
-//! at the latest at the first clock advance that reaches its deadline; a failure never cuts
-//! the count short; unknown ids create no state; bad input is reported and disturbs no
-//! other request; terminal outcomes are sticky.
+//! The rules kept (the repository's `docs/replay-trace.md` writes them out with the replay
+//! format that tests them): no block is released while a write may still land; every
+//! request reaches exactly one of completed / failed / aborted / expired, at the latest at
+//! the first clock advance that reaches its deadline; a failure never cuts the count short;
+//! unknown ids create no state; bad input is reported and disturbs no other request;
+//! terminal outcomes are sticky; a failure notice settles for `settle_ms` before its
+//! request's blocks are released (completions and fences need no settling).
 //!
 //! ## Drive contract
 //!
@@ -46,7 +58,11 @@
 //! 4. When it returns [`Noticed::Decided`] (or on each scheduler step), call
 //!    [`poll`](Engine::poll) and act on each [`Decision`].
 //! 5. On each scheduler step, [`advance`](Engine::advance) to the current monotonic time
-//!    in ms ([`next_timer`](Engine::next_timer) says when it matters next).
+//!    in ms ([`next_timer`](Engine::next_timer) says when it matters next): deadlines,
+//!    quarantine ends and settle ends fire there, so a `Released` that waits for a failure
+//!    notice to settle comes out of `advance`, not `poll`. A failure notice counts as
+//!    received at the time of the last `advance` before it (each `advance` publishes its
+//!    time to the ingest half; the ingest half reads no clock).
 //! 6. On client cancel, [`abort`](Engine::abort); when the transport knows a producer can no
 //!    longer write (metadata invalidated, peer dead), [`fence`](Engine::fence) it.
 //!
@@ -67,11 +83,15 @@
 //! let _ = ledger.handle_notification(p1, b"PUSH_FAIL:cmpl-42-0:2");
 //! let _ = ledger.handle_notification(p0, b"cmpl-42-0:2");
 //! let mut freed = None;
-//! ledger.poll(|d| match d {
+//! let mut on_decision = |d| match d {
 //!     Decision::Failed(f) => assert_eq!(f.key(), ticket.key()),
 //!     Decision::Released(r) => freed = Some(r.into_free()),
 //!     other => panic!("unexpected {other:?}"),
-//! });
+//! };
+//! ledger.poll(&mut on_decision);
+//! // p1's write may have failed after it was posted: its blocks settle first (rule 8).
+//! ledger.advance(4_999, &mut on_decision).expect("clock forward");
+//! ledger.advance(5_000, &mut on_decision).expect("clock forward");
 //! assert_eq!(freed, Some(BlockHandle(7)));
 //! ```
 //!
@@ -102,7 +122,9 @@
 //!
 //! | atomic | written by | protects | orderings |
 //! | --- | --- | --- | --- |
-//! | slot state word (`state_word.rs`) | both, by CAS | outstanding count, failed flag, phase, generation | `AcqRel` CAS; `Release` publish/free by the owner; `Acquire` loads |
+//! | slot state word (`state_word.rs`) | both, by CAS | outstanding count, failed and settle flags, phase, generation | `AcqRel` CAS; `Release` publish/free by the owner; `Acquire` loads |
+//! | shared clock (`shared.rs`) | owner, at each `advance` | the low 32 bits of the engine's time, for stamping failure notices | `Relaxed` store and load: a stale read stamps a notice with an earlier advance's time, which is the time the engine believed it was |
+//! | failure stamp (`slot.rs`) | ingest, before the CAS that resolves an edge by a failure notice | when the last failure notice came | `Relaxed` store sequenced before the `AcqRel` CAS that sets the state word's settle bit; the owner reads it after seeing that bit (`Acquire`) |
 //! | slot identity (fingerprint, edge count) | owner, while the slot is free | which request the slot holds | `Relaxed` stores after a `Release` fence; readers validate with an `Acquire` fence and a second state load (seqlock) |
 //! | edge words (`slot.rs`) | owner at registration; both by CAS | per-agent resolution, tagged with the generation | `AcqRel` CAS, `Acquire` loads |
 //! | index buckets (`index.rs`) | owner | id → slot | `Release` stores, `Acquire` loads |

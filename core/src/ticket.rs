@@ -193,7 +193,9 @@ impl Released {
 pub enum Decision {
     /// `completed`: decode may start.
     Completed(Drained),
-    /// `failed`: apply the KV load failure policy; a `Released` follows at once.
+    /// `failed`: apply the KV load failure policy; a `Released` follows, at once or, if a
+    /// failure notice has not settled yet ([`Config::settle_ms`](crate::Config::settle_ms)),
+    /// from the `advance` that reaches its settle end.
     Failed(Failed),
     /// `expired`: the deadline passed with edges outstanding.
     Expired(Quarantined),

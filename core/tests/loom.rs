@@ -8,7 +8,7 @@
 //! design has exactly one of each per ledger: `Ingest` is neither `Clone` nor `Copy` and
 //! [`Ledger::split`] takes `&mut self`, so a second ingest thread does not compile; two
 //! notices from the one ingest thread are modelled instead). Every model checks the rules
-//! of `spec/replay-trace.md`:
+//! of `docs/replay-trace.md`:
 //!
 //! * **no release before drain** — a producer's RDMA write is modelled as a loom
 //!   `AtomicBool` that the ingest thread sets (`Release`) before it hands that producer's

@@ -1,5 +1,5 @@
 //! The reference model for the `ledger_ops` differential target: the consumer-side rules of
-//! `spec/replay-trace.md` plus the crate's documented drive contract, written as plainly as
+//! `docs/replay-trace.md` plus the crate's documented drive contract, written as plainly as
 //! possible with std collections. It shares no code with the tracker (not even the message
 //! parser) and does no clever bookkeeping: every operation scans a `Vec` of live requests
 //! kept in registration order.
