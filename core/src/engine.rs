@@ -69,6 +69,9 @@ pub(crate) struct Owner<const N: usize> {
     /// Slots touched by one clock advance or fence, sorted into registration order.
     batch: [u32; N],
     counters: EngineCounters,
+    /// The second decision of a request that [`Engine::poll_decision`] decided (`Released`
+    /// after `Failed`), handed out by the next pull.
+    pending: Option<Decision>,
 }
 
 impl<const N: usize> Owner<N> {
@@ -86,6 +89,7 @@ impl<const N: usize> Owner<N> {
             ages: TombstoneAges::new(),
             batch: [0; N],
             counters: EngineCounters::default(),
+            pending: None,
         }
     }
     pub(crate) fn now(&self) -> Millis {
@@ -115,7 +119,7 @@ pub struct Engine<'l, const N: usize, const E: usize> {
 
 fn valid_expect<const E: usize>(expect: &Expect<'_>) -> Result<(), RegisterErrorKind> {
     match *expect {
-        Expect::Count(n) if (1..=64).contains(&n) => Ok(()),
+        Expect::Count(n) if (1..=crate::MAX_EDGES).contains(&usize::from(n)) => Ok(()),
         Expect::Count(_) => Err(RegisterErrorKind::BadCount),
         Expect::Edges(agents) => {
             let distinct = agents
@@ -414,6 +418,10 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// [`advance`](Self::advance). Returns how many requests it handed decisions out for.
     pub fn poll(&mut self, mut emit: impl FnMut(Decision)) -> usize {
         let mut decided = 0;
+        if let Some(d) = self.owner.pending.take() {
+            // The rest of a request a pull decided.
+            emit(d);
+        }
         while let Some(slot) = self.shared.ready.pop() {
             let s = self.shared.slots[slot as usize]
                 .state
@@ -428,6 +436,54 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             }
         }
         decided
+    }
+
+    /// Takes out the next decision of a request whose last edge the ingest side resolved,
+    /// one at a time: the pull form of [`poll`](Self::poll), with the same decisions in the
+    /// same order. `None` when nothing is ready. A request that is decided hands out all
+    /// its decisions (`Failed` then, unless it settles, `Released`) on consecutive pulls.
+    ///
+    /// ```
+    /// # use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration};
+    /// let mut ledger: Ledger<16, 2> = Ledger::new(Config::with_capacity(16));
+    /// let (_ingest, mut engine) = ledger.split();
+    /// # let _t = engine.register(Registration { id: "r", blocks: BlockHandle(1),
+    /// #     expect: Expect::Count(1), deadline_ms: None }).unwrap();
+    /// # let (mut ingest, mut engine) = ledger.split();
+    /// # let _ = ingest.handle_notification(AgentId(0), b"r:1");
+    /// while let Some(decision) = engine.poll_decision() {
+    ///     match decision {
+    ///         Decision::Completed(done) => assert_eq!(done.into_decode(), BlockHandle(1)),
+    ///         other => panic!("{other:?}"),
+    ///     }
+    /// }
+    /// ```
+    #[must_use = "a decision carries blocks or an outcome the engine must act on"]
+    pub fn poll_decision(&mut self) -> Option<Decision> {
+        if let Some(d) = self.owner.pending.take() {
+            return Some(d);
+        }
+        while let Some(slot) = self.shared.ready.pop() {
+            let s = self.shared.slots[slot as usize]
+                .state
+                .load(Ordering::Acquire);
+            if s.outstanding() == 0 && s.is_live(self.owner.requests[slot as usize].generation) {
+                let (mut first, mut second) = (None, None);
+                self.decide_drained(slot, s, &mut |d| {
+                    if first.is_none() {
+                        first = Some(d);
+                    } else {
+                        debug_assert!(second.is_none(), "at most two decisions per request");
+                        second = Some(d);
+                    }
+                });
+                if first.is_some() {
+                    self.owner.pending = second;
+                    return first;
+                }
+            }
+        }
+        None
     }
 
     /// The clock.

@@ -12,7 +12,7 @@ use crate::ticket::{AgentId, Counting, Decision, Quarantined, Registration};
 
 /// The consumer-side tracker for up to `N` requests with up to `E` named edges each.
 ///
-/// `N` must be a power of two in `1..=65536` and `E` in `1..=64` (checked at compile
+/// `N` must be a power of two in `1..=65536` and `E` in `1..=`[`MAX_EDGES`](crate::MAX_EDGES) (checked at compile
 /// time). Every table is inline: the ledger never allocates. See the crate documentation
 /// for the state diagram, the drive contract and the threading rules.
 #[derive(Debug)]
@@ -28,7 +28,10 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
             N.is_power_of_two() && N <= 65_536,
             "N must be a power of two <= 65536"
         );
-        assert!(E >= 1 && E <= 64, "E must be in 1..=64");
+        assert!(
+            E >= 1 && E <= crate::MAX_EDGES,
+            "E must be in 1..=MAX_EDGES (64)"
+        );
     };
 
     /// An empty ledger at time 0. `config.capacity` is clamped to `N`.
@@ -95,6 +98,12 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
     /// [`Engine::poll`] on one thread.
     pub fn poll(&mut self, emit: impl FnMut(Decision)) -> usize {
         self.split().1.poll(emit)
+    }
+
+    /// [`Engine::poll_decision`] on one thread.
+    #[must_use = "a decision carries blocks or an outcome the engine must act on"]
+    pub fn poll_decision(&mut self) -> Option<Decision> {
+        self.split().1.poll_decision()
     }
 
     /// The ledger's clock (the last `advance`).

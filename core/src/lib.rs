@@ -152,7 +152,7 @@
 //! ## Capacities
 //!
 //! `Ledger<N, E>`: `N` requests (power of two ≤ 65 536), `E` named edges per request
-//! (≤ 64, default 8). Tombstones remember the last ~`4·N` decided ids. Everything is inline;
+//! (≤ [`MAX_EDGES`] = 64, default 8). Tombstones remember the last ~`4·N` decided ids. Everything is inline;
 //! [`Ledger::new`] builds the value on the stack, so put large ledgers in a `static` or
 //! construct them on a thread with a big enough stack.
 
@@ -201,6 +201,12 @@ pub use ticket::{
 
 /// Milliseconds on the caller's monotonic clock.
 pub type Millis = u64;
+
+/// The most edges one request may wait for: the largest `Expect::Count`, the largest
+/// `E` of a [`Ledger<N, E>`](Ledger), and the width of [`Outstanding::Edges`]' mask.
+pub const MAX_EDGES: usize = 64;
+// The state word's outstanding field (7 bits) and the edge mask (`u64`) hold it.
+const _: () = assert!(MAX_EDGES < 128 && MAX_EDGES <= u64::BITS as usize);
 
 // Both halves must be able to move to their threads.
 static_assertions::assert_impl_all!(Ingest<'static, 64, 8>: Send);

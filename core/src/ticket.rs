@@ -43,7 +43,7 @@ impl RequestKey {
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Expect<'a> {
     /// `n` notices (completions or failure notices) from any sender — vLLM's semantics.
-    /// `1..=64`.
+    /// `1..=`[`MAX_EDGES`](crate::MAX_EDGES).
     Count(u8),
     /// Exactly one notice from each of these distinct agents (`1..=E` of them). Duplicates
     /// and unexpected senders are detected and the missing producer can be named.
@@ -101,8 +101,10 @@ impl Drained {
     }
 }
 
-/// Every edge is resolved and at least one failed: no write can still land. The blocks
-/// come back in the [`Released`] that follows; their content must not be read.
+/// Every edge is resolved and at least one failed: the request has failed for the client.
+/// The blocks come back in the [`Released`] that follows — at once, or once every failure
+/// notice has settled ([`Config::settle_ms`](crate::Config::settle_ms)), since a write it
+/// reports may still be landing; their content must not be read.
 #[derive(PartialEq, Eq, Debug)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Failed {

@@ -372,6 +372,24 @@ fn settling_zero_releases_with_the_decision() {
     assert_eq!(l.engine_counters().settle_started, 0);
 }
 
+#[test]
+fn decided_pull_hands_out_what_poll_would() {
+    // `poll_decision` is `poll` one decision at a time, settling included.
+    let mut l = settling_ledger(4, 0);
+    let _a = named(&mut l, "a");
+    let _b = counting(&mut l, "b", 1);
+    let _ = notice(&mut l, P1, b"PUSH_FAIL:a:2");
+    let _ = notice(&mut l, P0, b"a:2");
+    let _ = notice(&mut l, P0, b"b:1");
+    let mut pulled = Vec::new();
+    while let Some(d) = l.poll_decision() {
+        pulled.push(d);
+    }
+    assert_eq!(words(pulled), ["failed", "released", "completed"]);
+    assert!(l.poll_decision().is_none());
+    assert!(l.is_empty());
+}
+
 // ---- Aborted / Expired (quarantined) ----
 
 #[test]

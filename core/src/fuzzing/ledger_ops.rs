@@ -95,6 +95,8 @@ enum Op {
         ms: u16,
     },
     Poll,
+    /// `poll_decision` until it returns `None`.
+    Pull,
 }
 
 fn id(i: u8) -> &'static str {
@@ -354,6 +356,7 @@ impl Harness {
             Op::Tick { ms } => self.advance(self.model.now() + u64::from(ms % 32)),
             Op::AdvanceTo { ms } => self.advance(u64::from(*ms % 1024)),
             Op::Poll => self.poll(),
+            Op::Pull => self.pull(),
         }
     }
 
@@ -506,6 +509,16 @@ impl Harness {
         assert_eq!(real, model, "poll");
         let requests: BTreeSet<u64> = model.iter().map(MDecision::key).collect();
         assert_eq!(count, requests.len(), "poll: requests decided");
+        self.observe(&real);
+    }
+
+    fn pull(&mut self) {
+        let mut real = Vec::new();
+        while let Some(d) = self.ledger.poll_decision() {
+            real.push(real_decision(d));
+        }
+        let model = self.model.poll();
+        assert_eq!(real, model, "poll_decision");
         self.observe(&real);
     }
 
