@@ -18,8 +18,8 @@ use crate::json;
 
 /// Longest request id or agent name a trace may use, in bytes.
 pub const MAX_NAME: usize = 256;
-/// Most edges or notices a registration may wait for.
-pub const MAX_EDGES: usize = 64;
+/// Most edges or notices a registration may wait for (the tracker's limit).
+pub const MAX_EDGES: usize = kvdrain::MAX_EDGES;
 /// Largest `capacity` a trace may configure.
 pub const MAX_CAPACITY: usize = 65_536;
 /// Agent id given to senders that no registration names (they can never match an edge).
@@ -319,9 +319,9 @@ impl Replay<'_> {
             other => return Err(Step::Trace(format!("unknown command {other:?}"))),
         }
         // Decisions the ingest side made ready (a notice resolved a last edge).
-        let mut decisions = Vec::new();
-        ledger.poll(|d| decisions.push(d));
-        self.print_all(decisions)?;
+        while let Some(d) = ledger.poll_decision() {
+            self.decision(d)?;
+        }
         Ok(())
     }
 
@@ -621,12 +621,12 @@ mod tests {
     #[test]
     fn spec_example() {
         let (out, err) = run_trace(
-            "config deadline_ms=1000\nregister r1 edges=p0,p1\nnotify p1 PUSH_FAIL:r1:2\nat 5\nnotify p0 r1:2\n",
+            "config deadline_ms=1000 settle_ms=100\nregister r1 edges=p0,p1\nnotify p1 PUSH_FAIL:r1:2\nat 5\nnotify p0 r1:2\nat 99\nat 100\n",
         );
         assert_eq!(err, None);
         assert_eq!(
             out,
-            "{\"at\":5,\"event\":\"failed\",\"req\":\"r1\"}\n{\"at\":5,\"event\":\"released\",\"req\":\"r1\",\"forced\":false}\n"
+            "{\"at\":5,\"event\":\"failed\",\"req\":\"r1\"}\n{\"at\":100,\"event\":\"released\",\"req\":\"r1\",\"forced\":false}\n"
         );
     }
 
