@@ -12,8 +12,8 @@ use crate::slot::EdgeClaim;
 use crate::state_word::{ForceFree, Phase, Quarantine, Resolution, Resolved, Snapshot};
 use crate::sync::Ordering;
 use crate::ticket::{
-    AgentId, BlockHandle, Counting, Decision, Drained, Expect, Failed, Outstanding,
-    QuarantineCause, Quarantined, Registration, Released, RequestKey,
+    AgentId, BlockHandle, Decision, Drained, Expect, Failed, Outstanding, Pending, QuarantineCause,
+    Quarantined, Registration, Released, RequestKey,
 };
 use crate::timers::Timers;
 use crate::tombstones::TombstoneAges;
@@ -149,7 +149,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     pub fn register<'r>(
         &mut self,
         registration: Registration<'r>,
-    ) -> Result<Counting, RegisterError<'r>> {
+    ) -> Result<Pending, RegisterError<'r>> {
         let refuse = |kind, registration| Err(RegisterError { kind, registration });
         if let Err(kind) = valid_expect::<E>(&registration.expect) {
             self.owner.counters.rejected_invalid += 1;
@@ -204,10 +204,9 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         }
         self.owner.live += 1;
         self.owner.counters.registered += 1;
-        Ok(Counting {
+        Ok(Pending {
             key: RequestKey(key),
             slot,
-            generation,
         })
     }
 
@@ -218,7 +217,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     ///
     /// # Errors
     /// [`AbortError::Late`] if the request was decided first.
-    pub fn abort(&mut self, ticket: Counting) -> Result<Quarantined, AbortError> {
+    pub fn abort(&mut self, ticket: Pending) -> Result<Quarantined, AbortError> {
         let r = &self.owner.requests[ticket.slot as usize];
         if !r.live || r.key != ticket.key.0 {
             self.owner.counters.abort_late += 1;

@@ -8,7 +8,7 @@ use crate::engine::{Engine, Owner};
 use crate::error::{AbortError, ClockError, Ignored, RegisterError};
 use crate::ingest::{Ingest, Noticed};
 use crate::shared::Shared;
-use crate::ticket::{AgentId, Counting, Decision, Quarantined, Registration};
+use crate::ticket::{AgentId, Decision, Pending, Quarantined, Registration};
 
 /// The consumer-side tracker for up to `N` requests with up to `E` named edges each.
 ///
@@ -71,12 +71,12 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
     pub fn register<'r>(
         &mut self,
         registration: Registration<'r>,
-    ) -> Result<Counting, RegisterError<'r>> {
+    ) -> Result<Pending, RegisterError<'r>> {
         self.split().1.register(registration)
     }
 
     /// [`Engine::abort`] on one thread.
-    pub fn abort(&mut self, ticket: Counting) -> Result<Quarantined, AbortError> {
+    pub fn abort(&mut self, ticket: Pending) -> Result<Quarantined, AbortError> {
         self.split().1.abort(ticket)
     }
 

@@ -52,7 +52,7 @@
 //! 1. Create a [`Ledger`] with a [`Config`]; [`split`](Ledger::split) it if notifications
 //!    are drained on another thread.
 //! 2. For each request that will be pushed to: [`register`](Engine::register) a
-//!    [`Registration`] and keep the [`Counting`] ticket.
+//!    [`Registration`] and keep the [`Pending`] ticket.
 //! 3. For every NIXL notification: [`handle_notification`](Ingest::handle_notification)
 //!    with the sender's [`AgentId`] and the raw bytes.
 //! 4. When it returns [`Noticed::Decided`] (or on each scheduler step), call
@@ -194,9 +194,11 @@ pub use engine::Engine;
 pub use error::{AbortError, ClockError, IgnoreReason, Ignored, RegisterError, RegisterErrorKind};
 pub use ingest::{Ingest, Noticed};
 pub use ledger::Ledger;
+#[allow(deprecated)]
+pub use ticket::Counting;
 pub use ticket::{
-    AgentId, BlockHandle, Counting, Decision, Drained, Expect, Failed, Outstanding,
-    QuarantineCause, Quarantined, Registration, Released, RequestKey,
+    AgentId, BlockHandle, Decision, Drained, Expect, Failed, Outstanding, Pending, QuarantineCause,
+    Quarantined, Registration, Released, RequestKey,
 };
 
 /// Milliseconds on the caller's monotonic clock.

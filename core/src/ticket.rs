@@ -1,7 +1,7 @@
 //! The engine-facing typestate: registrations in, owned tickets out.
 //!
 //! ```text
-//! Registration ──register──▶ Counting ──(all edges landed)──────▶ Drained ──into_decode──▶ BlockHandle
+//! Registration ──register──▶ Pending ───(all edges landed)──────▶ Drained ──into_decode──▶ BlockHandle
 //!   (pending)                   │    └──(all resolved, ≥1 failed)─▶ Failed ┐
 //!                               │                                          ├─▶ Released ──into_free──▶ BlockHandle
 //!                               └─abort / deadline──▶ Quarantined ─────────┘   (edges drained or quarantine over)
@@ -64,17 +64,24 @@ pub struct Registration<'a> {
     pub deadline_ms: Option<u64>,
 }
 
-/// A tracked request whose writes may still land. Holds no blocks.
+/// A tracked request whose writes may still land, in counting or named-edge mode (the
+/// type was called `Counting`). Holds no blocks.
 #[must_use = "keep the ticket to abort the request; decisions arrive through `poll`"]
 #[derive(PartialEq, Eq, Debug)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct Counting {
+pub struct Pending {
     pub(crate) key: RequestKey,
     pub(crate) slot: u32,
-    pub(crate) generation: u32,
 }
 
-impl Counting {
+/// The old name of [`Pending`].
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `Pending`: it covers named-edge mode too"
+)]
+pub type Counting = Pending;
+
+impl Pending {
     /// The request's key.
     pub fn key(&self) -> RequestKey {
         self.key

@@ -3,8 +3,8 @@
 #![cfg(not(kvdrain_loom))]
 
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, ClockError, Config, Counting, Decision, Expect, IgnoreReason,
-    Ledger, Noticed, Outstanding, QuarantineCause, RegisterErrorKind, Registration,
+    AbortError, AgentId, BlockHandle, ClockError, Config, Decision, Expect, IgnoreReason, Ledger,
+    Noticed, Outstanding, Pending, QuarantineCause, RegisterErrorKind, Registration,
 };
 
 const P0: AgentId = AgentId(0);
@@ -29,7 +29,7 @@ fn settling_ledger(capacity: usize, settle_ms: u64) -> L {
     })
 }
 
-fn counting(l: &mut L, id: &str, n: u8) -> Counting {
+fn counting(l: &mut L, id: &str, n: u8) -> Pending {
     let r = Registration {
         id,
         blocks: BlockHandle(7),
@@ -39,7 +39,7 @@ fn counting(l: &mut L, id: &str, n: u8) -> Counting {
     l.register(r).expect("registered")
 }
 
-fn named(l: &mut L, id: &str) -> Counting {
+fn named(l: &mut L, id: &str) -> Pending {
     let r = Registration {
         id,
         blocks: BlockHandle(7),

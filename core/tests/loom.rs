@@ -43,8 +43,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, Config, Counting, Decision, Engine, Expect, IgnoreReason,
-    Ingest, IngestCounters, Ledger, Noticed, Outstanding, QuarantineCause, RegisterErrorKind,
+    AbortError, AgentId, BlockHandle, Config, Decision, Engine, Expect, IgnoreReason, Ingest,
+    IngestCounters, Ledger, Noticed, Outstanding, Pending, QuarantineCause, RegisterErrorKind,
     Registration,
 };
 use loom::sync::Arc;
@@ -270,7 +270,7 @@ impl Judge {
         expect: Expect<'static>,
         deadline_ms: Option<u64>,
         writers: &[u16],
-    ) -> Result<Counting, RegisterErrorKind> {
+    ) -> Result<Pending, RegisterErrorKind> {
         let ticket = engine
             .register(Registration {
                 id,
@@ -343,7 +343,7 @@ impl Judge {
     fn abort<const N: usize, const E: usize>(
         &mut self,
         engine: &mut Engine<'_, N, E>,
-        ticket: Counting,
+        ticket: Pending,
     ) -> Result<(), AbortError> {
         let key = ticket.key().get();
         match engine.abort(ticket) {

@@ -6,7 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use kvdrain::producer::{PushPlan, Topology};
-use kvdrain::wire::Completion;
+use kvdrain::wire::Body;
 use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Noticed, Registration};
 
 use super::{Options, P_TP, Progress, Summary, pattern};
@@ -66,7 +66,7 @@ pub fn run(o: &Options) -> Summary {
                 let Ok(mut plan) = PushPlan::new(&topology, 0, rank) else {
                     continue;
                 };
-                let body = Completion {
+                let body = Body {
                     request_id: &id,
                     tp_size: P_TP,
                 };

@@ -20,8 +20,8 @@ use super::model::{
 };
 use super::spec_parse::{SpecMessage, spec_parse};
 use crate::{
-    AbortError, AgentId, BlockHandle, Config, Counting, Decision, Expect, IgnoreReason, Ledger,
-    Noticed, Outstanding, Quarantined, RegisterErrorKind, Registration,
+    AbortError, AgentId, BlockHandle, Config, Decision, Expect, IgnoreReason, Ledger, Noticed,
+    Outstanding, Pending, Quarantined, RegisterErrorKind, Registration,
 };
 
 /// Slots of the fuzzed ledger (small, so full tables are easy to reach).
@@ -229,7 +229,7 @@ struct Seen {
 struct Harness {
     ledger: Ledger<N, E>,
     model: Model,
-    tickets: Vec<Option<Counting>>,
+    tickets: Vec<Option<Pending>>,
     seen: BTreeMap<u64, Seen>,
     deadline_ms: u64,
     quarantine_ms: u64,
