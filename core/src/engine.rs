@@ -2,11 +2,11 @@
 //! the ingest thread only reads.
 
 use crate::Millis;
-use crate::config::Config;
 use crate::counters::EngineCounters;
 use crate::error::{AbortError, ClockError, RegisterError, RegisterErrorKind};
 use crate::fingerprint::Fingerprint;
 use crate::index::{DELETED, EMPTY, Index};
+use crate::owner::{Owner, Request};
 use crate::shared::Shared;
 use crate::slot::EdgeClaim;
 use crate::state_word::{ForceFree, Phase, Quarantine, Resolution, Resolved, Snapshot};
@@ -15,8 +15,6 @@ use crate::ticket::{
     AgentId, BlockHandle, Decision, Drained, Expect, Failed, Outstanding, Pending, QuarantineCause,
     Quarantined, Registration, Released, RequestKey,
 };
-use crate::timers::Timers;
-use crate::tombstones::TombstoneAges;
 
 /// Where an id is in the index, as the owner sees it.
 enum Probe {
@@ -24,89 +22,6 @@ enum Probe {
     Tracked(u32),
     /// Not tracked; this bucket is free for it.
     Vacant(usize),
-}
-
-/// Owner-only facts about a slot's request.
-#[derive(Clone, Copy, Debug)]
-struct Request {
-    key: u64,
-    blocks: u64,
-    generation: u32,
-    /// While counting, the deadline; while settling, the settle end (rule 8: the last
-    /// failure notice's time plus `settle_ms`). Nothing else needs it in between.
-    due: Millis,
-    bucket: u32,
-    fp: Fingerprint,
-    live: bool,
-    /// Decided, every edge resolved, waiting for its failure notices to settle: the timer
-    /// fires at the settle end (or the quarantine end, if earlier) and releases.
-    settling: bool,
-}
-
-const VACANT: Request = Request {
-    key: 0,
-    blocks: 0,
-    generation: 0,
-    due: 0,
-    bucket: 0,
-    fp: Fingerprint { lo: 0, hi: 0 },
-    live: false,
-    settling: false,
-};
-
-/// Everything only the engine thread touches.
-#[derive(Debug)]
-pub(crate) struct Owner<const N: usize> {
-    config: Config,
-    now: Millis,
-    next_key: u64,
-    live: usize,
-    free: [u32; N],
-    free_len: usize,
-    requests: [Request; N],
-    timers: Timers<N>,
-    ages: TombstoneAges<N>,
-    /// Slots touched by one clock advance or fence, sorted into registration order.
-    batch: [u32; N],
-    counters: EngineCounters,
-    /// The second decision of a request that [`Engine::poll_decision`] decided (`Released`
-    /// after `Failed`), handed out by the next pull.
-    pending: Option<Decision>,
-}
-
-impl<const N: usize> Owner<N> {
-    pub(crate) fn new(config: Config) -> Self {
-        Owner {
-            config,
-            now: 0,
-            next_key: 0,
-            live: 0,
-            // Popped from the end: slot 0 first.
-            free: core::array::from_fn(|i| (N - 1 - i) as u32),
-            free_len: N,
-            requests: [VACANT; N],
-            timers: Timers::new(),
-            ages: TombstoneAges::new(),
-            batch: [0; N],
-            counters: EngineCounters::default(),
-            pending: None,
-        }
-    }
-    pub(crate) fn now(&self) -> Millis {
-        self.now
-    }
-    pub(crate) fn live(&self) -> usize {
-        self.live
-    }
-    pub(crate) fn config(&self) -> &Config {
-        &self.config
-    }
-    pub(crate) fn counters(&self) -> &EngineCounters {
-        &self.counters
-    }
-    pub(crate) fn next_timer(&self) -> Option<Millis> {
-        self.timers.next_due()
-    }
 }
 
 /// The engine half of a [`Ledger`](crate::Ledger): registration, abort, fence, clock and
@@ -290,7 +205,13 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                 self.owner.counters.aborted += 1;
                 Ok(self.quarantined(slot, s, QuarantineCause::Aborted))
             }
-            Quarantine::AlreadyDrained | Quarantine::AlreadyQuarantined | Quarantine::Recycled => {
+            Quarantine::AlreadyDrained | Quarantine::AlreadyQuarantined => {
+                self.owner.counters.abort_late += 1;
+                Err(AbortError::Late)
+            }
+            Quarantine::Recycled => {
+                // Only the owner recycles a slot, and its record says this one is live.
+                debug_assert!(false, "a live request's slot was recycled");
                 self.owner.counters.abort_late += 1;
                 Err(AbortError::Late)
             }
@@ -405,7 +326,8 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                     // AlreadyDrained: the decision waits on the ready ring; `poll` takes it.
                 }
                 Phase::Aborted | Phase::Expired => self.force_release(slot, &mut emit),
-                Phase::Free => {}
+                // Only the owner frees a slot, and it cancels the slot's timer when it does.
+                Phase::Free => debug_assert!(false, "a timer fired for a free slot"),
             }
         }
         Ok(())

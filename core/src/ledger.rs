@@ -4,9 +4,10 @@
 use crate::Millis;
 use crate::config::Config;
 use crate::counters::{Counters, EngineCounters, IngestCounters};
-use crate::engine::{Engine, Owner};
+use crate::engine::Engine;
 use crate::error::{AbortError, ClockError, Ignored, RegisterError};
 use crate::ingest::{Ingest, Noticed};
+use crate::owner::Owner;
 use crate::shared::Shared;
 use crate::ticket::{AgentId, Decision, Pending, Quarantined, Registration};
 

@@ -177,6 +177,7 @@ pub mod fuzzing;
 mod index;
 mod ingest;
 mod ledger;
+mod owner;
 pub mod producer;
 mod ready;
 mod shared;
