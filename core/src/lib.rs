@@ -55,8 +55,9 @@
 //!    [`Registration`] and keep the [`Pending`] ticket.
 //! 3. For every NIXL notification: [`handle_notification`](Ingest::handle_notification)
 //!    with the sender's [`AgentId`] and the raw bytes.
-//! 4. When it returns [`Noticed::Decided`] (or on each scheduler step), call
-//!    [`poll`](Engine::poll) and act on each [`Decision`].
+//! 4. When it returns [`Noticed::Decided`] (or on each scheduler step), pull each
+//!    [`Decision`] with [`poll_decision`](Engine::poll_decision) (or take them all with
+//!    [`poll`](Engine::poll)) and act on it.
 //! 5. On each scheduler step, [`advance`](Engine::advance) to the current monotonic time
 //!    in ms ([`next_timer`](Engine::next_timer) says when it matters next): deadlines,
 //!    quarantine ends and settle ends fire there, so a `Released` that waits for a failure
