@@ -47,7 +47,7 @@
 //!
 //! **Time enters only through [`advance`](Engine::advance); events enter through
 //! `handle_notification`, `register`, `abort` and `fence`; decisions leave through the
-//! `emit` callbacks of `poll`, `advance` and `fence`.**
+//! `emit` callbacks of `advance` and `fence` and through `poll_decision` (or `poll`).**
 //!
 //! 1. Create a [`Ledger`] with a [`Config`]; [`split`](Ledger::split) it if notifications
 //!    are drained on another thread.
@@ -106,7 +106,7 @@
 //! | thread | methods |
 //! | --- | --- |
 //! | ingest ([`Ingest`]) | [`handle_notification`](Ingest::handle_notification), [`counters`](Ingest::counters) |
-//! | engine ([`Engine`]) | [`register`](Engine::register), [`abort`](Engine::abort), [`abort_id`](Engine::abort_id), [`fence`](Engine::fence), [`advance`](Engine::advance), [`poll`](Engine::poll), and the getters |
+//! | engine ([`Engine`]) | [`register`](Engine::register), [`abort`](Engine::abort), [`abort_id`](Engine::abort_id), [`fence`](Engine::fence), [`advance`](Engine::advance), [`poll`](Engine::poll), [`poll_decision`](Engine::poll_decision), and the getters |
 //! | either, not split ([`Ledger`]) | all of the above, one at a time (`&mut self`) |
 //!
 //! **One ingest thread per ledger.** `Ingest` is neither `Clone` nor `Copy` and `split`
