@@ -53,13 +53,6 @@ pub enum Message<'a> {
     Registration(&'a [u8]),
 }
 
-impl Message<'_> {
-    /// Whether a consumer (decode side) acts on this message.
-    pub fn is_for_consumer(&self) -> bool {
-        matches!(self, Message::Completion(_) | Message::Failure(_))
-    }
-}
-
 /// A heartbeat body: comma-separated producer-side request ids.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Heartbeat<'a> {
