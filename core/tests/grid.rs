@@ -363,6 +363,29 @@ fn settling_never_delays_the_forced_release_of_a_quarantine() {
 }
 
 #[test]
+fn settling_across_the_32_bit_clock_wrap() {
+    // The ingest half stamps notices with the low 32 bits of the clock; the owner rebuilds
+    // the full time against its own clock, across the wrap at 2^32 ms.
+    let wrap = 1u64 << 32;
+    let mut l = settling_ledger(4, 50);
+    assert!(at(&mut l, wrap - 10).is_empty());
+    let r = Registration {
+        id: "r",
+        blocks: BlockHandle(7),
+        expect: Expect::Edges(&[P0, P1]),
+        deadline_ms: Some(1000),
+    };
+    let _t = l.register(r).expect("registered");
+    let _ = notice(&mut l, P1, b"PUSH_FAIL:r:2");
+    assert!(at(&mut l, wrap + 5).is_empty());
+    assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Decided);
+    assert_eq!(poll(&mut l), ["failed"]);
+    assert_eq!(l.next_timer(), Some(wrap + 40));
+    assert!(at(&mut l, wrap + 39).is_empty());
+    assert_eq!(at(&mut l, wrap + 40), ["released"]);
+}
+
+#[test]
 fn settling_zero_releases_with_the_decision() {
     let mut l = settling_ledger(4, 0);
     let _t = named(&mut l, "r");
