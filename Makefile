@@ -5,15 +5,18 @@ CARGO ?= cargo
 PREFIX ?= /usr/local
 LOOM_TARGET := target/loom
 FUZZ_SECONDS ?= 20
+# NIGHTLY (miri, cargo-fuzz) and MSRV (the core's rust-version), pinned in one place.
+include scripts/toolchains
+export NIGHTLY
 
-.PHONY: demo test setup setup-nixl setup-tools check fmt clippy doc deny unit release-suites nostd loom miri fuzz-smoke replay python python-test bench-python c-header c-header-check c-test install
+.PHONY: demo test setup setup-nixl setup-tools check fmt clippy clippy-cfg doc deny unit release-suites nostd msrv loom miri fuzz-smoke replay python python-test bench-python c-header c-header-check c-test install
 
 ## The main job: P(TP=2) -> D(TP=1) over real NIXL in one process.
 demo: setup-nixl
 	$(CARGO) run --release -p kvdrain-cli --features nixl -- demo $(DEMO_ARGS)
 
 ## Every test and check CI runs.
-test: setup check unit release-suites nostd loom miri fuzz-smoke python-test c-test
+test: setup check unit release-suites nostd msrv loom miri fuzz-smoke python-test c-test
 	@echo "make test: all suites passed"
 
 setup: setup-nixl setup-tools
@@ -24,13 +27,21 @@ setup-nixl:
 setup-tools:
 	bash scripts/setup-tools.sh
 
-check: fmt clippy doc deny
+check: fmt clippy clippy-cfg doc deny
 
 fmt:
 	$(CARGO) fmt --all --check
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
+
+## The core's code behind cfgs a plain build never compiles: the fuzz harnesses
+## (`--cfg fuzzing`) and the loom models (`--cfg kvdrain_loom`), each in its own target dir.
+clippy-cfg:
+	RUSTFLAGS="--cfg fuzzing" CARGO_TARGET_DIR=target/clippy-fuzzing \
+		$(CARGO) clippy -p kvdrain --lib -- -D warnings
+	RUSTFLAGS="--cfg kvdrain_loom" CARGO_TARGET_DIR=$(LOOM_TARGET) \
+		$(CARGO) clippy --release -p kvdrain --tests -- -D warnings
 
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --all-features
@@ -56,6 +67,10 @@ nostd:
 	$(CARGO) build -p kvdrain --target thumbv7em-none-eabihf --no-default-features
 	$(CARGO) build -p kvdrain --target thumbv7em-none-eabihf --features defmt
 
+## The core builds with its declared minimum Rust (`rust-version`).
+msrv:
+	$(CARGO) +$(MSRV) build -p kvdrain
+
 ## Every race model, in release mode (own target dir: RUSTFLAGS differ).
 loom:
 	RUSTFLAGS="--cfg kvdrain_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=$(LOOM_TARGET) \
@@ -64,8 +79,8 @@ loom:
 ## The core's unit tests under miri, and the C ABI's unsafe code driven through its
 ## extern "C" functions (a 64-request table under miri: bindings/c/src/config.rs).
 miri:
-	$(CARGO) +nightly miri test -p kvdrain --lib
-	$(CARGO) +nightly miri test -p kvdrain-ffi --lib
+	$(CARGO) +$(NIGHTLY) miri test -p kvdrain --lib
+	$(CARGO) +$(NIGHTLY) miri test -p kvdrain-ffi --lib
 
 ## Build every fuzz target and run each for FUZZ_SECONDS.
 fuzz-smoke:

@@ -57,7 +57,10 @@ read -r -a pc <<<"$(pkg-config --cflags --libs kvdrain)"
 libdir="$(pkg-config --variable=libdir kvdrain)"
 "$CC" -std=c11 -O2 -Wall -Wextra -Werror bindings/c/tests/catalogue.c "${pc[@]}" -lpthread \
     -Wl,-rpath,"$libdir" -o "$work/catalogue-installed"
-ldd "$work/catalogue-installed" | grep -q "libkvdrain.so.0 => $libdir/" || {
+# Not `ldd | grep -q`: grep exits at the first match, and under pipefail the SIGPIPE that
+# ldd may then get fails the pipeline.
+linked="$(ldd "$work/catalogue-installed")"
+grep -q "libkvdrain.so.0 => $libdir/" <<<"$linked" || {
     echo "catalogue-installed is not linked against $libdir/libkvdrain.so.0" >&2
     exit 1
 }

@@ -2,14 +2,16 @@
 # Build every cargo-fuzz target and run each for N seconds (default 20) from its seeds.
 set -euo pipefail
 seconds="${1:-20}"
+# shellcheck source=toolchains
+source "$(dirname "$0")/toolchains"
 cd "$(dirname "$0")/../fuzz"
-targets=$(cargo +nightly fuzz list)
-cargo +nightly fuzz build
+targets=$(cargo "+$NIGHTLY" fuzz list)
+cargo "+$NIGHTLY" fuzz build
 log="$(mktemp)"
 for t in $targets; do
     echo "[fuzz-smoke] $t for ${seconds}s"
     mkdir -p "corpus/$t"
-    if ! cargo +nightly fuzz run "$t" "corpus/$t" -- -max_total_time="$seconds" -print_final_stats=1 >"$log" 2>&1; then
+    if ! cargo "+$NIGHTLY" fuzz run "$t" "corpus/$t" -- -max_total_time="$seconds" -print_final_stats=1 >"$log" 2>&1; then
         tail -n 60 "$log"
         echo "[fuzz-smoke] $t FAILED"
         exit 1

@@ -1,5 +1,5 @@
 //! `kvdrain replay FILE|-`: feeds a trace of consumer-side events through the real tracker
-//! and prints every decision it takes, one JSON object per line (`spec/replay-trace.md`).
+//! and prints every decision it takes, one JSON object per line (`docs/replay-trace.md`).
 //!
 //! This file only parses the trace and formats decisions; every decision comes from
 //! [`kvdrain::Ledger`].
@@ -18,8 +18,8 @@ use kvdrain::{
 
 /// Longest request id or agent name a trace may use, in bytes.
 pub const MAX_NAME: usize = 256;
-/// Most edges or notices a registration may wait for.
-pub const MAX_EDGES: usize = 64;
+/// Most edges or notices a registration may wait for (the tracker's limit).
+pub const MAX_EDGES: usize = kvdrain::MAX_EDGES;
 /// Largest `capacity` a trace may configure.
 pub const MAX_CAPACITY: usize = 65_536;
 /// Agent id given to senders that no registration names (they can never match an edge).
@@ -165,6 +165,7 @@ fn apply_config(config: &mut Config, line: &Line<'_>) -> Result<(), String> {
             }
             "deadline_ms" => config.deadline_ms = value,
             "quarantine_ms" => config.quarantine_ms = value,
+            "settle_ms" => config.settle_ms = value,
             _ => return Err(format!("unknown config key {key:?}")),
         }
     }
@@ -375,9 +376,9 @@ impl Replay<'_> {
             other => return Err(Step::Trace(format!("unknown command {other:?}"))),
         }
         // Decisions the ingest side made ready (a notice resolved a last edge).
-        let mut decisions = Vec::new();
-        ledger.poll(|d| decisions.push(d));
-        self.print_all(decisions)?;
+        while let Some(d) = ledger.poll_decision() {
+            self.decision(d)?;
+        }
         Ok(())
     }
 
@@ -667,12 +668,12 @@ mod tests {
     #[test]
     fn spec_example() {
         let (out, err) = run_trace(
-            "config deadline_ms=1000\nregister r1 edges=p0,p1\nnotify p1 PUSH_FAIL:r1:2\nat 5\nnotify p0 r1:2\n",
+            "config deadline_ms=1000 settle_ms=100\nregister r1 edges=p0,p1\nnotify p1 PUSH_FAIL:r1:2\nat 5\nnotify p0 r1:2\nat 99\nat 100\n",
         );
         assert_eq!(err, None);
         assert_eq!(
             out,
-            "{\"at\":5,\"event\":\"failed\",\"req\":\"r1\"}\n{\"at\":5,\"event\":\"released\",\"req\":\"r1\",\"forced\":false}\n"
+            "{\"at\":5,\"event\":\"failed\",\"req\":\"r1\"}\n{\"at\":100,\"event\":\"released\",\"req\":\"r1\",\"forced\":false}\n"
         );
     }
 

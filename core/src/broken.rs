@@ -6,7 +6,7 @@
 
 use crate::error::Ignored;
 use crate::ingest::{Ingest, Noticed};
-use crate::state_word::Resolved;
+use crate::state_word::{Resolution, Resolved};
 use crate::sync::Ordering;
 use crate::ticket::AgentId;
 use crate::wire::{self, Message};
@@ -32,7 +32,10 @@ impl<const N: usize, const E: usize> Ingest<'_, N, E> {
                 let slot = &self.shared.slots[found.slot as usize];
                 // The bug: no waiting for the siblings.
                 loop {
-                    match slot.state.resolve_edge(found.state.generation(), true) {
+                    match slot
+                        .state
+                        .resolve_edge(found.state.generation(), Resolution::Fenced)
+                    {
                         Resolved::Counted => {}
                         Resolved::LastEdge => {
                             let _ = self.shared.ready.push(found.slot);
@@ -68,7 +71,7 @@ impl<const N: usize, const E: usize> Ingest<'_, N, E> {
                 let slot = &self.shared.slots[found.slot as usize];
                 // The bug: the generation is read again instead of the one looked up.
                 let generation = slot.state.load(Ordering::Acquire).generation();
-                match slot.state.resolve_edge(generation, false) {
+                match slot.state.resolve_edge(generation, Resolution::Landed) {
                     Resolved::Counted => return Ok(Noticed::Counted),
                     Resolved::LastEdge => {
                         let _ = self.shared.ready.push(found.slot);

@@ -57,6 +57,15 @@ pub struct EngineCounters {
     pub abort_late: u64,
     /// Named edges resolved as failed by a fence.
     pub fenced_edges: u64,
+    /// Requests that started waiting for a failure notice to settle (rule 8).
+    pub settle_started: u64,
+    /// Of those, how many were released when the settling ended (the others were
+    /// released by their quarantine running out first; both are also counted in
+    /// `released` or `released_forced`).
+    pub settle_released: u64,
+    /// Requests waiting to settle now (a gauge: `settle_started` minus those released);
+    /// each holds its slot and its blocks.
+    pub settling: u64,
 }
 
 /// Both sides together.

@@ -6,17 +6,15 @@ use crate::counters::EngineCounters;
 use crate::error::{AbortError, ClockError, RegisterError, RegisterErrorKind};
 use crate::fingerprint::Fingerprint;
 use crate::index::{DELETED, EMPTY, Index};
-use crate::ledger::Config;
+use crate::owner::{Owner, Request};
 use crate::shared::Shared;
 use crate::slot::EdgeClaim;
-use crate::state_word::{ForceFree, Phase, Quarantine, Resolved, Snapshot};
+use crate::state_word::{ForceFree, Phase, Quarantine, Resolution, Resolved, Snapshot};
 use crate::sync::Ordering;
 use crate::ticket::{
-    AgentId, BlockHandle, Counting, Decision, Drained, Expect, Failed, Outstanding,
-    QuarantineCause, Quarantined, Registration, Released, RequestKey,
+    AgentId, BlockHandle, Decision, Drained, Expect, Failed, Outstanding, Pending, QuarantineCause,
+    Quarantined, Registration, Released, RequestKey,
 };
-use crate::timers::Timers;
-use crate::tombstones::TombstoneAges;
 
 /// Where an id is in the index, as the owner sees it.
 enum Probe {
@@ -24,79 +22,6 @@ enum Probe {
     Tracked(u32),
     /// Not tracked; this bucket is free for it.
     Vacant(usize),
-}
-
-/// Owner-only facts about a slot's request.
-#[derive(Clone, Copy, Debug)]
-struct Request {
-    key: u64,
-    blocks: u64,
-    generation: u32,
-    deadline: Millis,
-    bucket: u32,
-    fp: Fingerprint,
-    live: bool,
-}
-
-const VACANT: Request = Request {
-    key: 0,
-    blocks: 0,
-    generation: 0,
-    deadline: 0,
-    bucket: 0,
-    fp: Fingerprint { lo: 0, hi: 0 },
-    live: false,
-};
-
-/// Everything only the engine thread touches.
-#[derive(Debug)]
-pub(crate) struct Owner<const N: usize> {
-    config: Config,
-    now: Millis,
-    next_key: u64,
-    live: usize,
-    free: [u32; N],
-    free_len: usize,
-    requests: [Request; N],
-    timers: Timers<N>,
-    ages: TombstoneAges<N>,
-    /// Slots touched by one clock advance or fence, sorted into registration order.
-    batch: [u32; N],
-    counters: EngineCounters,
-}
-
-impl<const N: usize> Owner<N> {
-    pub(crate) fn new(config: Config) -> Self {
-        Owner {
-            config,
-            now: 0,
-            next_key: 0,
-            live: 0,
-            // Popped from the end: slot 0 first.
-            free: core::array::from_fn(|i| (N - 1 - i) as u32),
-            free_len: N,
-            requests: [VACANT; N],
-            timers: Timers::new(),
-            ages: TombstoneAges::new(),
-            batch: [0; N],
-            counters: EngineCounters::default(),
-        }
-    }
-    pub(crate) fn now(&self) -> Millis {
-        self.now
-    }
-    pub(crate) fn live(&self) -> usize {
-        self.live
-    }
-    pub(crate) fn config(&self) -> &Config {
-        &self.config
-    }
-    pub(crate) fn counters(&self) -> &EngineCounters {
-        &self.counters
-    }
-    pub(crate) fn next_timer(&self) -> Option<Millis> {
-        self.timers.next_due()
-    }
 }
 
 /// The engine half of a [`Ledger`](crate::Ledger): registration, abort, fence, clock and
@@ -109,7 +34,7 @@ pub struct Engine<'l, const N: usize, const E: usize> {
 
 fn valid_expect<const E: usize>(expect: &Expect<'_>) -> Result<(), RegisterErrorKind> {
     match *expect {
-        Expect::Count(n) if (1..=64).contains(&n) => Ok(()),
+        Expect::Count(n) if (1..=crate::MAX_EDGES).contains(&usize::from(n)) => Ok(()),
         Expect::Count(_) => Err(RegisterErrorKind::BadCount),
         Expect::Edges(agents) => {
             let distinct = agents
@@ -139,7 +64,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     pub fn register<'r>(
         &mut self,
         registration: Registration<'r>,
-    ) -> Result<Counting, RegisterError<'r>> {
+    ) -> Result<Pending, RegisterError<'r>> {
         let refuse = |kind, registration| Err(RegisterError { kind, registration });
         if let Err(kind) = valid_expect::<E>(&registration.expect) {
             self.owner.counters.rejected_invalid += 1;
@@ -180,10 +105,11 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             key,
             blocks: registration.blocks.0,
             generation,
-            deadline,
+            due: deadline,
             bucket,
             fp,
             live: true,
+            settling: false,
         };
         if registration.deadline_ms.is_none() {
             // `now + deadline_ms` never decreases: the O(1) FIFO timer.
@@ -193,10 +119,9 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         }
         self.owner.live += 1;
         self.owner.counters.registered += 1;
-        Ok(Counting {
+        Ok(Pending {
             key: RequestKey(key),
             slot,
-            generation,
         })
     }
 
@@ -207,7 +132,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     ///
     /// # Errors
     /// [`AbortError::Late`] if the request was decided first.
-    pub fn abort(&mut self, ticket: Counting) -> Result<Quarantined, AbortError> {
+    pub fn abort(&mut self, ticket: Pending) -> Result<Quarantined, AbortError> {
         let r = &self.owner.requests[ticket.slot as usize];
         if !r.live || r.key != ticket.key.0 {
             self.owner.counters.abort_late += 1;
@@ -280,7 +205,13 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                 self.owner.counters.aborted += 1;
                 Ok(self.quarantined(slot, s, QuarantineCause::Aborted))
             }
-            Quarantine::AlreadyDrained | Quarantine::AlreadyQuarantined | Quarantine::Recycled => {
+            Quarantine::AlreadyDrained | Quarantine::AlreadyQuarantined => {
+                self.owner.counters.abort_late += 1;
+                Err(AbortError::Late)
+            }
+            Quarantine::Recycled => {
+                // Only the owner recycles a slot, and its record says this one is live.
+                debug_assert!(false, "a live request's slot was recycled");
                 self.owner.counters.abort_late += 1;
                 Err(AbortError::Late)
             }
@@ -321,7 +252,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                 continue;
             }
             resolved += 1;
-            if shared.state.resolve_edge(r.generation, true) == Resolved::LastEdge {
+            if shared.state.resolve_edge(r.generation, Resolution::Fenced) == Resolved::LastEdge {
                 self.owner.batch[batch] = slot;
                 batch += 1;
             }
@@ -357,6 +288,8 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             });
         }
         self.owner.now = now;
+        // For the ingest thread's failure-notice stamps (rule 8); see `Shared::clock`.
+        self.shared.clock.store(now as u32, Ordering::Relaxed);
         let mut batch = 0;
         while let Some(slot) = self.owner.timers.pop_due(now) {
             self.owner.batch[batch] = slot;
@@ -367,6 +300,13 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             let slot = self.owner.batch[i];
             let r = self.owner.requests[slot as usize];
             let state = &self.shared.slots[slot as usize].state;
+            if r.settling {
+                // Settle end or quarantine end, whichever came first (a tie is the settle
+                // end: not forced).
+                let s = state.load(Ordering::Acquire);
+                self.release_drained(slot, s, r.due > now, &mut emit);
+                continue;
+            }
             match state.load(Ordering::Acquire).phase() {
                 Phase::Counting => {
                     if let Quarantine::Entered(s) = state.quarantine(r.generation, Phase::Expired) {
@@ -376,7 +316,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                             s,
                             QuarantineCause::Expired,
                         )));
-                        let end = r.deadline.saturating_add(self.owner.config.quarantine_ms);
+                        let end = r.due.saturating_add(self.owner.config.quarantine_ms);
                         if end <= now {
                             self.force_release(slot, &mut emit);
                         } else {
@@ -386,27 +326,85 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                     // AlreadyDrained: the decision waits on the ready ring; `poll` takes it.
                 }
                 Phase::Aborted | Phase::Expired => self.force_release(slot, &mut emit),
-                Phase::Free => {}
+                // Only the owner frees a slot, and it cancels the slot's timer when it does.
+                Phase::Free => debug_assert!(false, "a timer fired for a free slot"),
             }
         }
         Ok(())
     }
 
     /// Takes out the decisions of requests whose last edge the ingest side resolved:
-    /// `Completed`, or `Failed` then `Released`, or (aborted/expired) `Released`.
-    /// Returns how many requests were decided.
+    /// `Completed`, or `Failed` then `Released`, or (aborted/expired) `Released`. A
+    /// `Released` that waits for a failure notice to settle (rule 8) comes later from
+    /// [`advance`](Self::advance). Returns how many requests it handed decisions out for.
     pub fn poll(&mut self, mut emit: impl FnMut(Decision)) -> usize {
         let mut decided = 0;
+        if let Some(d) = self.owner.pending.take() {
+            // The rest of a request a pull decided.
+            emit(d);
+        }
         while let Some(slot) = self.shared.ready.pop() {
             let s = self.shared.slots[slot as usize]
                 .state
                 .load(Ordering::Acquire);
             if s.outstanding() == 0 && s.is_live(self.owner.requests[slot as usize].generation) {
-                self.decide_drained(slot, s, &mut emit);
-                decided += 1;
+                let mut emitted = false;
+                self.decide_drained(slot, s, &mut |d| {
+                    emitted = true;
+                    emit(d);
+                });
+                decided += usize::from(emitted);
             }
         }
         decided
+    }
+
+    /// Takes out the next decision of a request whose last edge the ingest side resolved,
+    /// one at a time: the pull form of [`poll`](Self::poll), with the same decisions in the
+    /// same order. `None` when nothing is ready. A request that is decided hands out all
+    /// its decisions (`Failed` then, unless it settles, `Released`) on consecutive pulls.
+    ///
+    /// ```
+    /// # use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration};
+    /// let mut ledger: Ledger<16, 2> = Ledger::new(Config::with_capacity(16));
+    /// let (_ingest, mut engine) = ledger.split();
+    /// # let _t = engine.register(Registration { id: "r", blocks: BlockHandle(1),
+    /// #     expect: Expect::Count(1), deadline_ms: None }).unwrap();
+    /// # let (mut ingest, mut engine) = ledger.split();
+    /// # let _ = ingest.handle_notification(AgentId(0), b"r:1");
+    /// while let Some(decision) = engine.poll_decision() {
+    ///     match decision {
+    ///         Decision::Completed(done) => assert_eq!(done.into_decode(), BlockHandle(1)),
+    ///         other => panic!("{other:?}"),
+    ///     }
+    /// }
+    /// ```
+    #[must_use = "a decision carries blocks or an outcome the engine must act on"]
+    pub fn poll_decision(&mut self) -> Option<Decision> {
+        if let Some(d) = self.owner.pending.take() {
+            return Some(d);
+        }
+        while let Some(slot) = self.shared.ready.pop() {
+            let s = self.shared.slots[slot as usize]
+                .state
+                .load(Ordering::Acquire);
+            if s.outstanding() == 0 && s.is_live(self.owner.requests[slot as usize].generation) {
+                let (mut first, mut second) = (None, None);
+                self.decide_drained(slot, s, &mut |d| {
+                    if first.is_none() {
+                        first = Some(d);
+                    } else {
+                        debug_assert!(second.is_none(), "at most two decisions per request");
+                        second = Some(d);
+                    }
+                });
+                if first.is_some() {
+                    self.owner.pending = second;
+                    return first;
+                }
+            }
+        }
+        None
     }
 
     /// The clock.
@@ -441,39 +439,101 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         batch[..len].sort_unstable_by_key(|&slot| requests[slot as usize].key);
     }
 
-    /// Every edge of `slot` is resolved (`s.outstanding() == 0`): decide and free.
+    /// Every edge of `slot` is resolved (`s.outstanding() == 0`): decide, then release and
+    /// free at once or, if a failure notice has not settled yet (rule 8), when it has.
     fn decide_drained(&mut self, slot: u32, s: Snapshot, emit: &mut impl FnMut(Decision)) {
         let r = self.owner.requests[slot as usize];
         let key = RequestKey(r.key);
-        let blocks = BlockHandle(r.blocks);
+        let now = self.owner.now;
+        match s.phase() {
+            Phase::Counting if !s.failed() => {
+                self.retire(slot);
+                self.shared.slots[slot as usize].state.free_drained(s);
+                self.owner.counters.completed += 1;
+                emit(Decision::Completed(Drained {
+                    key,
+                    blocks: BlockHandle(r.blocks),
+                }));
+                return;
+            }
+            Phase::Counting => {
+                self.owner.counters.failed += 1;
+                emit(Decision::Failed(Failed { key }));
+            }
+            Phase::Aborted | Phase::Expired => {}
+            Phase::Free => {
+                debug_assert!(false, "a drained slot is live");
+                return;
+            }
+        }
+        let settle_end = self.settle_end(slot, s);
+        if settle_end <= now {
+            return self.release_drained(slot, s, false, emit);
+        }
+        // Aborted or expired: the quarantine end (its timer) bounds the wait. `None`: the
+        // quarantine timer already fired while this decision waited on the ready ring.
+        let quarantine_end = match s.phase() {
+            Phase::Counting => Millis::MAX,
+            _ => self.owner.timers.due(slot).unwrap_or(now),
+        };
+        if quarantine_end <= now {
+            return self.release_drained(slot, s, true, emit);
+        }
+        let o = &mut *self.owner;
+        o.requests[slot as usize].settling = true;
+        o.requests[slot as usize].due = settle_end;
+        o.timers.set(slot, settle_end.min(quarantine_end), r.key);
+        o.counters.settle_started += 1;
+        o.counters.settling += 1;
+    }
+
+    /// When the blocks of drained `slot` may be released as far as rule 8 goes: the last
+    /// failure notice's time plus `settle_ms`, or 0 if no failure notice resolved an edge.
+    fn settle_end(&self, slot: u32, s: Snapshot) -> Millis {
+        if !s.settles() {
+            return 0;
+        }
+        let stamp = self.shared.slots[slot as usize].failure_noticed_at();
+        self.failure_noticed_at(stamp)
+            .saturating_add(self.owner.config.settle_ms)
+    }
+
+    /// The full time of a failure stamp (the low 32 bits of a clock value the engine
+    /// published, never later than its clock): the latest time at or before the clock
+    /// with those low bits. Exact while the notice is less than 2^32 ms (49.7 days) old;
+    /// an older one reads as later, which can only delay a release.
+    fn failure_noticed_at(&self, stamp: u32) -> Millis {
+        let now = self.owner.now;
+        now.saturating_sub(u64::from((now as u32).wrapping_sub(stamp)))
+    }
+
+    /// Releases and frees drained `slot` (`s.outstanding() == 0`).
+    fn release_drained(
+        &mut self,
+        slot: u32,
+        s: Snapshot,
+        forced: bool,
+        emit: &mut impl FnMut(Decision),
+    ) {
+        debug_assert_eq!(s.outstanding(), 0);
+        let r = self.owner.requests[slot as usize];
         self.retire(slot);
         self.shared.slots[slot as usize].state.free_drained(s);
         let c = &mut self.owner.counters;
-        match s.phase() {
-            Phase::Counting if !s.failed() => {
-                c.completed += 1;
-                emit(Decision::Completed(Drained { key, blocks }));
-            }
-            Phase::Counting => {
-                c.failed += 1;
-                c.released += 1;
-                emit(Decision::Failed(Failed { key }));
-                emit(Decision::Released(Released {
-                    key,
-                    blocks,
-                    forced: false,
-                }));
-            }
-            Phase::Aborted | Phase::Expired => {
-                c.released += 1;
-                emit(Decision::Released(Released {
-                    key,
-                    blocks,
-                    forced: false,
-                }));
-            }
-            Phase::Free => {}
+        if r.settling {
+            c.settling -= 1;
+            c.settle_released += u64::from(!forced);
         }
+        if forced {
+            c.released_forced += 1;
+        } else {
+            c.released += 1;
+        }
+        emit(Decision::Released(Released {
+            key: RequestKey(r.key),
+            blocks: BlockHandle(r.blocks),
+            forced,
+        }));
     }
 
     /// Quarantine over with edges outstanding: free the slot anyway.
@@ -508,6 +568,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         self.shared.index.remove(r.bucket as usize);
         o.timers.cancel(slot);
         r.live = false;
+        r.settling = false;
         o.free[o.free_len] = slot;
         o.free_len += 1;
         o.live -= 1;

@@ -1,4 +1,11 @@
 //! One small error type per operation, each with a hand-written `Display`.
+//!
+//! `#[non_exhaustive]` policy: none of these enums is. Each names a *cause* that callers
+//! count one by one (catalogue F15: one counter per cause) or map to a protocol word, so a
+//! new cause must be a compile error at every `match`, not fall silently into a wildcard
+//! arm. The wire codec's errors (`wire::ParseError`, `wire::EncodeError`) describe why
+//! bytes are not a message, are printed rather than tabulated, and stay
+//! `#[non_exhaustive]`.
 
 use core::fmt;
 
@@ -9,17 +16,40 @@ use crate::wire::ParseError;
 /// Why [`register`](crate::Engine::register) refused a request.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[non_exhaustive]
 pub enum RegisterErrorKind {
     /// The table holds `capacity` requests (quarantined ones included).
     Full,
     /// A request with this id is tracked already.
     DuplicateId,
-    /// `Expect::Count` outside `1..=64`.
+    /// `Expect::Count` outside `1..=`[`MAX_EDGES`](crate::MAX_EDGES).
     BadCount,
     /// `Expect::Edges` empty, longer than the ledger's edge capacity `E`, or naming an
     /// agent twice.
     BadEdges,
+}
+
+impl RegisterErrorKind {
+    /// A word for the reason: the spec's `rejected` reasons (`full`, `duplicate_id`), and
+    /// `bad_count` / `bad_edges` for registrations a trace cannot express.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RegisterErrorKind::Full => "full",
+            RegisterErrorKind::DuplicateId => "duplicate_id",
+            RegisterErrorKind::BadCount => "bad_count",
+            RegisterErrorKind::BadEdges => "bad_edges",
+        }
+    }
+}
+
+impl fmt::Display for RegisterErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RegisterErrorKind::Full => "table full",
+            RegisterErrorKind::DuplicateId => "request id already tracked",
+            RegisterErrorKind::BadCount => "expected count outside 1..=64",
+            RegisterErrorKind::BadEdges => "edge list empty, too long, or naming an agent twice",
+        })
+    }
 }
 
 /// A refused registration, handed back whole so nothing is lost.
@@ -34,16 +64,10 @@ pub struct RegisterError<'a> {
 
 impl fmt::Display for RegisterError<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let why = match self.kind {
-            RegisterErrorKind::Full => "table full",
-            RegisterErrorKind::DuplicateId => "request id already tracked",
-            RegisterErrorKind::BadCount => "expected count outside 1..=64",
-            RegisterErrorKind::BadEdges => "edge list empty, too long, or naming an agent twice",
-        };
         write!(
             f,
-            "registration of {:?} refused: {why}",
-            self.registration.id
+            "registration of {:?} refused: {}",
+            self.registration.id, self.kind
         )
     }
 }
@@ -56,7 +80,8 @@ impl core::error::Error for RegisterError<'_> {}
 pub enum AbortError {
     /// No such request is tracked or remembered.
     Unknown,
-    /// The request was already decided (completed, failed, aborted or expired).
+    /// The request was already decided (completed, failed — settling or not —, aborted or
+    /// expired).
     Late,
 }
 

@@ -5,7 +5,7 @@ use crate::error::{IgnoreReason, Ignored};
 use crate::fingerprint::Fingerprint;
 use crate::shared::Shared;
 use crate::slot::EdgeClaim;
-use crate::state_word::Resolved;
+use crate::state_word::{Resolution, Resolved};
 use crate::sync::{Ordering, fence};
 use crate::ticket::AgentId;
 use crate::wire::{self, Message};
@@ -94,7 +94,15 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
                     }
                 }
             }
-            return match slot.state.resolve_edge(generation, failed) {
+            let how = if failed {
+                // Rule 8: the time of this failure notice, for the owner's settle end.
+                // One `Relaxed` load and store, on failure notices only.
+                slot.stamp_failure_notice(self.shared.clock.load(Ordering::Relaxed));
+                Resolution::FailureNotice
+            } else {
+                Resolution::Landed
+            };
+            return match slot.state.resolve_edge(generation, how) {
                 Resolved::Counted => Ok(self.counted(failed, Noticed::Counted)),
                 Resolved::LastEdge => {
                     if !self.shared.ready.push(found.slot) {

@@ -2,45 +2,18 @@
 //! engine half that may run on two threads.
 
 use crate::Millis;
+use crate::config::Config;
 use crate::counters::{Counters, EngineCounters, IngestCounters};
-use crate::engine::{Engine, Owner};
+use crate::engine::Engine;
 use crate::error::{AbortError, ClockError, Ignored, RegisterError};
 use crate::ingest::{Ingest, Noticed};
+use crate::owner::Owner;
 use crate::shared::Shared;
-use crate::ticket::{AgentId, Counting, Decision, Quarantined, Registration};
-
-/// Run-time settings.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct Config {
-    /// Requests tracked at once, quarantined ones included; at most `N`.
-    pub capacity: usize,
-    /// Default deadline of a registration, in ms.
-    pub deadline_ms: u64,
-    /// How long the blocks of an aborted or expired request stay fenced after the abort or
-    /// the deadline before they are released anyway, in ms. Set it above the producers'
-    /// lease (vLLM: 30 s) so that no producer can still be writing.
-    pub quarantine_ms: u64,
-    /// Key of the request-id fingerprints. Any value works; a secret one keeps peers from
-    /// aiming for collisions.
-    pub seed: u64,
-}
-
-impl Config {
-    /// The spec's defaults: deadline 30 s, quarantine 60 s, capacity `n`.
-    pub const fn with_capacity(n: usize) -> Self {
-        Config {
-            capacity: n,
-            deadline_ms: 30_000,
-            quarantine_ms: 60_000,
-            seed: 0x6b76_6472_6169_6e00,
-        }
-    }
-}
+use crate::ticket::{AgentId, Decision, Pending, Quarantined, Registration};
 
 /// The consumer-side tracker for up to `N` requests with up to `E` named edges each.
 ///
-/// `N` must be a power of two in `1..=65536` and `E` in `1..=64` (checked at compile
+/// `N` must be a power of two in `1..=65536` and `E` in `1..=`[`MAX_EDGES`](crate::MAX_EDGES) (checked at compile
 /// time). Every table is inline: the ledger never allocates. See the crate documentation
 /// for the state diagram, the drive contract and the threading rules.
 #[derive(Debug)]
@@ -56,7 +29,10 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
             N.is_power_of_two() && N <= 65_536,
             "N must be a power of two <= 65536"
         );
-        assert!(E >= 1 && E <= 64, "E must be in 1..=64");
+        assert!(
+            E >= 1 && E <= crate::MAX_EDGES,
+            "E must be in 1..=MAX_EDGES (64)"
+        );
     };
 
     /// An empty ledger at time 0. `config.capacity` is clamped to `N`.
@@ -96,12 +72,12 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
     pub fn register<'r>(
         &mut self,
         registration: Registration<'r>,
-    ) -> Result<Counting, RegisterError<'r>> {
+    ) -> Result<Pending, RegisterError<'r>> {
         self.split().1.register(registration)
     }
 
     /// [`Engine::abort`] on one thread.
-    pub fn abort(&mut self, ticket: Counting) -> Result<Quarantined, AbortError> {
+    pub fn abort(&mut self, ticket: Pending) -> Result<Quarantined, AbortError> {
         self.split().1.abort(ticket)
     }
 
@@ -123,6 +99,12 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
     /// [`Engine::poll`] on one thread.
     pub fn poll(&mut self, emit: impl FnMut(Decision)) -> usize {
         self.split().1.poll(emit)
+    }
+
+    /// [`Engine::poll_decision`] on one thread.
+    #[must_use = "a decision carries blocks or an outcome the engine must act on"]
+    pub fn poll_decision(&mut self) -> Option<Decision> {
+        self.split().1.poll_decision()
     }
 
     /// The ledger's clock (the last `advance`).

@@ -11,12 +11,22 @@
 //!              register                 last edge resolved, none failed
 //!  (pending) ───────────▶ COUNTING ─────────────────────────────────────▶ completed
 //!                            │  │       last edge resolved, ≥1 failed
-//!                            │  └───────────────────────────────────────▶ failed ─▶ released
-//!                     abort  │  deadline                                            ▲
-//!                            ▼  ▼                                                   │
-//!                    ABORTED / EXPIRED ── every edge resolved (late notice, fence) ─┤
-//!                       (quarantined)  ── quarantine_ms ran out ────────────────────┘ (forced)
+//!                            │  └───────────────────────────────────────▶ failed ──┐
+//!                     abort  │  deadline                                           │
+//!                            ▼  ▼                                                  ▼
+//!                    ABORTED / EXPIRED ── every edge resolved ───────────▶ (SETTLING) ─▶ released
+//!                       (quarantined)        (late notice, fence)       settle end     ▲
+//!                            │                    │ quarantine end first               │
+//!                            └── quarantine_ms ran out, edges outstanding ─────────────┘ (forced)
 //! ```
+//!
+//! `SETTLING` (rule 8) is passed through at once, with no wait, unless a failure notice
+//! (`PUSH_FAIL:`) resolved one of the request's edges less than
+//! [`settle_ms`](Config::settle_ms) ago: the write it reports may have failed after it
+//! was posted and still be landing, so the blocks stay fenced until `settle_ms` after the
+//! last such notice (or, for an aborted or expired request, until its quarantine ends, if
+//! that comes first: a forced release is never delayed). A settling request is decided
+//! (`failed` was handed out, notices for it are `late`) but still holds its slot.
 //!
 //! An *edge* is one producer write that the request waits for: in counting mode (vLLM's
 //! semantics) `n` notices from anyone; in named-edge mode one notice from each named
@@ -25,28 +35,35 @@
 //! once; what the ledger remembers of decided ids (for `late`) lives in a separate
 //! tombstone table that costs no capacity.
 //!
-//! The rules kept (from `spec/replay-trace.md`): no block is released while a write may
-//! still land; every request reaches exactly one of completed / failed / aborted / expired,
-//! at the latest at the first clock advance that reaches its deadline; a failure never cuts
-//! the count short; unknown ids create no state; bad input is reported and disturbs no
-//! other request; terminal outcomes are sticky.
+//! The rules kept (the repository's `docs/replay-trace.md` writes them out with the replay
+//! format that tests them): no block is released while a write may still land; every
+//! request reaches exactly one of completed / failed / aborted / expired, at the latest at
+//! the first clock advance that reaches its deadline; a failure never cuts the count short;
+//! unknown ids create no state; bad input is reported and disturbs no other request;
+//! terminal outcomes are sticky; a failure notice settles for `settle_ms` before its
+//! request's blocks are released (completions and fences need no settling).
 //!
 //! ## Drive contract
 //!
 //! **Time enters only through [`advance`](Engine::advance); events enter through
 //! `handle_notification`, `register`, `abort` and `fence`; decisions leave through the
-//! `emit` callbacks of `poll`, `advance` and `fence`.**
+//! `emit` callbacks of `advance` and `fence` and through `poll_decision` (or `poll`).**
 //!
 //! 1. Create a [`Ledger`] with a [`Config`]; [`split`](Ledger::split) it if notifications
 //!    are drained on another thread.
 //! 2. For each request that will be pushed to: [`register`](Engine::register) a
-//!    [`Registration`] and keep the [`Counting`] ticket.
+//!    [`Registration`] and keep the [`Pending`] ticket.
 //! 3. For every NIXL notification: [`handle_notification`](Ingest::handle_notification)
 //!    with the sender's [`AgentId`] and the raw bytes.
-//! 4. When it returns [`Noticed::Decided`] (or on each scheduler step), call
-//!    [`poll`](Engine::poll) and act on each [`Decision`].
+//! 4. When it returns [`Noticed::Decided`] (or on each scheduler step), pull each
+//!    [`Decision`] with [`poll_decision`](Engine::poll_decision) (or take them all with
+//!    [`poll`](Engine::poll)) and act on it.
 //! 5. On each scheduler step, [`advance`](Engine::advance) to the current monotonic time
-//!    in ms ([`next_timer`](Engine::next_timer) says when it matters next).
+//!    in ms ([`next_timer`](Engine::next_timer) says when it matters next): deadlines,
+//!    quarantine ends and settle ends fire there, so a `Released` that waits for a failure
+//!    notice to settle comes out of `advance`, not `poll`. A failure notice counts as
+//!    received at the time of the last `advance` before it (each `advance` publishes its
+//!    time to the ingest half; the ingest half reads no clock).
 //! 6. On client cancel, [`abort`](Engine::abort); when the transport knows a producer can no
 //!    longer write (metadata invalidated, peer dead), [`fence`](Engine::fence) it.
 //!
@@ -67,11 +84,15 @@
 //! let _ = ledger.handle_notification(p1, b"PUSH_FAIL:cmpl-42-0:2");
 //! let _ = ledger.handle_notification(p0, b"cmpl-42-0:2");
 //! let mut freed = None;
-//! ledger.poll(|d| match d {
+//! let mut on_decision = |d| match d {
 //!     Decision::Failed(f) => assert_eq!(f.key(), ticket.key()),
 //!     Decision::Released(r) => freed = Some(r.into_free()),
 //!     other => panic!("unexpected {other:?}"),
-//! });
+//! };
+//! ledger.poll(&mut on_decision);
+//! // p1's write may have failed after it was posted: its blocks settle first (rule 8).
+//! ledger.advance(4_999, &mut on_decision).expect("clock forward");
+//! ledger.advance(5_000, &mut on_decision).expect("clock forward");
 //! assert_eq!(freed, Some(BlockHandle(7)));
 //! ```
 //!
@@ -85,7 +106,7 @@
 //! | thread | methods |
 //! | --- | --- |
 //! | ingest ([`Ingest`]) | [`handle_notification`](Ingest::handle_notification), [`counters`](Ingest::counters) |
-//! | engine ([`Engine`]) | [`register`](Engine::register), [`abort`](Engine::abort), [`abort_id`](Engine::abort_id), [`fence`](Engine::fence), [`advance`](Engine::advance), [`poll`](Engine::poll), and the getters |
+//! | engine ([`Engine`]) | [`register`](Engine::register), [`abort`](Engine::abort), [`abort_id`](Engine::abort_id), [`fence`](Engine::fence), [`advance`](Engine::advance), [`poll`](Engine::poll), [`poll_decision`](Engine::poll_decision), and the getters |
 //! | either, not split ([`Ledger`]) | all of the above, one at a time (`&mut self`) |
 //!
 //! **One ingest thread per ledger.** `Ingest` is neither `Clone` nor `Copy` and `split`
@@ -102,7 +123,9 @@
 //!
 //! | atomic | written by | protects | orderings |
 //! | --- | --- | --- | --- |
-//! | slot state word (`state_word.rs`) | both, by CAS | outstanding count, failed flag, phase, generation | `AcqRel` CAS; `Release` publish/free by the owner; `Acquire` loads |
+//! | slot state word (`state_word.rs`) | both, by CAS | outstanding count, failed and settle flags, phase, generation | `AcqRel` CAS; `Release` publish/free by the owner; `Acquire` loads |
+//! | shared clock (`shared.rs`) | owner, at each `advance` | the low 32 bits of the engine's time, for stamping failure notices | `Relaxed` store and load: a stale read stamps a notice with an earlier advance's time, which is the time the engine believed it was |
+//! | failure stamp (`slot.rs`) | ingest, before the CAS that resolves an edge by a failure notice | when the last failure notice came | `Relaxed` store sequenced before the `AcqRel` CAS that sets the state word's settle bit; the owner reads it after seeing that bit (`Acquire`) |
 //! | slot identity (fingerprint, edge count) | owner, while the slot is free | which request the slot holds | `Relaxed` stores after a `Release` fence; readers validate with an `Acquire` fence and a second state load (seqlock) |
 //! | edge words (`slot.rs`) | owner at registration; both by CAS | per-agent resolution, tagged with the generation | `AcqRel` CAS, `Acquire` loads |
 //! | index buckets (`index.rs`) | owner | id → slot | `Release` stores, `Acquire` loads |
@@ -130,7 +153,7 @@
 //! ## Capacities
 //!
 //! `Ledger<N, E>`: `N` requests (power of two ≤ 65 536), `E` named edges per request
-//! (≤ 64, default 8). Tombstones remember the last ~`4·N` decided ids. Everything is inline;
+//! (≤ [`MAX_EDGES`] = 64, default 8). Tombstones remember the last ~`4·N` decided ids. Everything is inline;
 //! [`Ledger::new`] builds the value on the stack, so put large ledgers in a `static` or
 //! construct them on a thread with a big enough stack.
 
@@ -144,6 +167,7 @@
 extern crate std;
 #[cfg(kvdrain_loom)]
 mod broken;
+mod config;
 mod counters;
 mod engine;
 mod error;
@@ -154,6 +178,7 @@ pub mod fuzzing;
 mod index;
 mod ingest;
 mod ledger;
+mod owner;
 pub mod producer;
 mod ready;
 mod shared;
@@ -165,18 +190,27 @@ mod timers;
 mod tombstones;
 pub mod wire;
 
+pub use config::Config;
 pub use counters::{Counters, EngineCounters, IngestCounters};
 pub use engine::Engine;
 pub use error::{AbortError, ClockError, IgnoreReason, Ignored, RegisterError, RegisterErrorKind};
 pub use ingest::{Ingest, Noticed};
-pub use ledger::{Config, Ledger};
+pub use ledger::Ledger;
+#[allow(deprecated)]
+pub use ticket::Counting;
 pub use ticket::{
-    AgentId, BlockHandle, Counting, Decision, Drained, Expect, Failed, Outstanding,
-    QuarantineCause, Quarantined, Registration, Released, RequestKey,
+    AgentId, BlockHandle, Decision, Drained, Expect, Failed, Outstanding, Pending, QuarantineCause,
+    Quarantined, Registration, Released, RequestKey,
 };
 
 /// Milliseconds on the caller's monotonic clock.
 pub type Millis = u64;
+
+/// The most edges one request may wait for: the largest `Expect::Count`, the largest
+/// `E` of a [`Ledger<N, E>`](Ledger), and the width of [`Outstanding::Edges`]' mask.
+pub const MAX_EDGES: usize = 64;
+// The state word's outstanding field (7 bits) and the edge mask (`u64`) hold it.
+const _: () = assert!(MAX_EDGES < 128 && MAX_EDGES <= u64::BITS as usize);
 
 // Both halves must be able to move to their threads.
 static_assertions::assert_impl_all!(Ingest<'static, 64, 8>: Send);

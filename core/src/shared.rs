@@ -6,7 +6,7 @@ use crate::index::{DELETED, EMPTY, Index};
 use crate::ready::ReadyRing;
 use crate::slot::SharedSlot;
 use crate::state_word::{Phase, Snapshot};
-use crate::sync::{Ordering, fence};
+use crate::sync::{AtomicU32, Ordering, fence};
 use crate::tombstones::Tombstones;
 
 #[derive(Debug)]
@@ -16,6 +16,12 @@ pub(crate) struct Shared<const N: usize, const E: usize> {
     pub(crate) index: Index<N>,
     pub(crate) tombstones: Tombstones<N>,
     pub(crate) ready: ReadyRing<N>,
+    /// The low 32 bits of the engine's clock, published by every `advance` (`Relaxed`) for
+    /// the ingest thread to stamp failure notices with: a notice handled between two
+    /// advances counts as received at the earlier one, which is the time the engine
+    /// believed it was. The owner turns a stamp back into a full time against its own
+    /// clock (`Engine::failure_noticed_at`).
+    pub(crate) clock: AtomicU32,
 }
 
 /// A live request found by id.
@@ -36,6 +42,7 @@ impl<const N: usize, const E: usize> Shared<N, E> {
             index: Index::new(),
             tombstones: Tombstones::new(),
             ready: ReadyRing::new(),
+            clock: AtomicU32::new(0),
         }
     }
 

@@ -5,10 +5,10 @@
 //! the caller what to do next.
 //!
 //! ```text
-//!  31                      10  9   8   7   6          0
-//! +--------------------------+-------+---+------------+
-//! |        GENERATION        | PHASE | F | OUTSTANDING|
-//! +--------------------------+-------+---+------------+
+//!  31                   11  10  9   8   7   6          0
+//! +-----------------------+---+-------+---+------------+
+//! |      GENERATION       | S | PHASE | F | OUTSTANDING|
+//! +-----------------------+---+-------+---+------------+
 //! ```
 //!
 //! Invariants:
@@ -16,11 +16,15 @@
 //!   generation stays the same, and the transition that makes it 0 is the request's
 //!   decision point (exactly one transition can do that).
 //! * `F` (failed) is sticky: once an edge resolved as failed, no later success clears it.
+//! * `S` (settle) is sticky like `F` and set with it when the edge was resolved by a
+//!   failure notice (not by a fence): the request's blocks must settle before release
+//!   (rule 8). The time of the notice is in the slot's failure stamp (`slot.rs`), stored
+//!   before the CAS that sets `S`, so whoever sees `S` sees the stamp.
 //! * `PHASE` is `Free` only while the slot holds no request; it goes
 //!   `Free → Counting → (Aborted | Expired)?` and back to `Free` only through the owner.
 //! * `GENERATION` changes exactly when the slot is freed, so a notice that looked a slot up
 //!   before it was recycled fails its CAS instead of counting for the next request (ABA).
-//!   22 bits: a stale reader would need the same slot recycled 4 194 304 times between its
+//!   21 bits: a stale reader would need the same slot recycled 2 097 152 times between its
 //!   lookup and its CAS.
 
 use crate::sync::{AtomicU32, Ordering};
@@ -29,7 +33,8 @@ const OUTSTANDING_MASK: u32 = 0x7F;
 const FAILED: u32 = 1 << 7;
 const PHASE_SHIFT: u32 = 8;
 const PHASE_MASK: u32 = 0b11 << PHASE_SHIFT;
-const GENERATION_SHIFT: u32 = 10;
+const SETTLE: u32 = 1 << 10;
+const GENERATION_SHIFT: u32 = 11;
 
 /// Where a slot's request is in its life.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -61,6 +66,11 @@ impl Snapshot {
     pub(crate) fn failed(self) -> bool {
         self.0 & FAILED != 0
     }
+    /// A failure notice resolved one of the edges: the blocks settle before release.
+    #[inline]
+    pub(crate) fn settles(self) -> bool {
+        self.0 & SETTLE != 0
+    }
     #[inline]
     pub(crate) fn phase(self) -> Phase {
         match (self.0 & PHASE_MASK) >> PHASE_SHIFT {
@@ -83,6 +93,17 @@ impl Snapshot {
     fn with_phase(self, phase: Phase) -> Self {
         Snapshot((self.0 & !PHASE_MASK) | ((phase as u32) << PHASE_SHIFT))
     }
+}
+
+/// How an edge was resolved.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Resolution {
+    /// Its completion arrived: the write landed.
+    Landed,
+    /// A failure notice (`PUSH_FAIL:`): failed, and the write may still drain (rule 8).
+    FailureNotice,
+    /// A fence: failed, and the transport knows nothing more can land.
+    Fenced,
 }
 
 /// Outcome of resolving one edge.
@@ -161,9 +182,14 @@ impl StateWord {
         }
     }
 
-    /// Resolves one edge of generation `generation`, as failed if `failed`.
+    /// Resolves one edge of generation `generation` as `how` says.
     #[inline]
-    pub(crate) fn resolve_edge(&self, generation: u32, failed: bool) -> Resolved {
+    pub(crate) fn resolve_edge(&self, generation: u32, how: Resolution) -> Resolved {
+        let flag = match how {
+            Resolution::Landed => 0,
+            Resolution::FailureNotice => FAILED | SETTLE,
+            Resolution::Fenced => FAILED,
+        };
         let outcome = self.transition(|s| {
             if !s.is_live(generation) {
                 return Err(Resolved::Recycled);
@@ -171,7 +197,6 @@ impl StateWord {
             if s.outstanding() == 0 {
                 return Err(Resolved::AlreadyDrained);
             }
-            let flag = if failed { FAILED } else { 0 };
             Ok(Snapshot((s.0 - 1) | flag))
         });
         match outcome {
@@ -257,17 +282,41 @@ mod tests {
     fn last_edge_is_reported_once_and_failure_sticks() {
         let w = StateWord::new();
         w.publish(5, 2);
-        assert_eq!(w.resolve_edge(5, true), Resolved::Counted);
-        assert_eq!(w.resolve_edge(5, false), Resolved::LastEdge);
-        assert!(w.load(Ordering::Relaxed).failed());
-        assert_eq!(w.resolve_edge(5, false), Resolved::AlreadyDrained);
+        assert_eq!(
+            w.resolve_edge(5, Resolution::FailureNotice),
+            Resolved::Counted
+        );
+        assert_eq!(w.resolve_edge(5, Resolution::Landed), Resolved::LastEdge);
+        let s = w.load(Ordering::Relaxed);
+        assert!(s.failed() && s.settles());
+        assert_eq!(
+            w.resolve_edge(5, Resolution::Landed),
+            Resolved::AlreadyDrained
+        );
+    }
+
+    #[test]
+    fn a_fence_fails_without_settling() {
+        let w = StateWord::new();
+        w.publish(GEN_MASK, 2);
+        assert_eq!(
+            w.resolve_edge(GEN_MASK, Resolution::Fenced),
+            Resolved::Counted
+        );
+        assert_eq!(
+            w.resolve_edge(GEN_MASK, Resolution::Landed),
+            Resolved::LastEdge
+        );
+        let s = w.load(Ordering::Relaxed);
+        assert!(s.failed() && !s.settles());
+        assert_eq!(s.generation(), GEN_MASK);
     }
 
     #[test]
     fn stale_generation_never_counts() {
         let w = StateWord::new();
         w.publish(5, 1);
-        assert_eq!(w.resolve_edge(4, false), Resolved::Recycled);
+        assert_eq!(w.resolve_edge(4, Resolution::Landed), Resolved::Recycled);
         assert_eq!(w.quarantine(6, Phase::Aborted), Quarantine::Recycled);
         assert_eq!(w.force_free(4), ForceFree::Recycled);
         assert_eq!(w.load(Ordering::Relaxed).outstanding(), 1);
@@ -294,7 +343,7 @@ mod tests {
     fn drained_request_cannot_be_quarantined_or_forced() {
         let w = StateWord::new();
         w.publish(1, 1);
-        assert_eq!(w.resolve_edge(1, false), Resolved::LastEdge);
+        assert_eq!(w.resolve_edge(1, Resolution::Landed), Resolved::LastEdge);
         assert_eq!(w.quarantine(1, Phase::Expired), Quarantine::AlreadyDrained);
         assert_eq!(w.force_free(1), ForceFree::AlreadyDrained);
     }

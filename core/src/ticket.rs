@@ -1,7 +1,7 @@
 //! The engine-facing typestate: registrations in, owned tickets out.
 //!
 //! ```text
-//! Registration ──register──▶ Counting ──(all edges landed)──────▶ Drained ──into_decode──▶ BlockHandle
+//! Registration ──register──▶ Pending ───(all edges landed)──────▶ Drained ──into_decode──▶ BlockHandle
 //!   (pending)                   │    └──(all resolved, ≥1 failed)─▶ Failed ┐
 //!                               │                                          ├─▶ Released ──into_free──▶ BlockHandle
 //!                               └─abort / deadline──▶ Quarantined ─────────┘   (edges drained or quarantine over)
@@ -43,7 +43,7 @@ impl RequestKey {
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Expect<'a> {
     /// `n` notices (completions or failure notices) from any sender — vLLM's semantics.
-    /// `1..=64`.
+    /// `1..=`[`MAX_EDGES`](crate::MAX_EDGES).
     Count(u8),
     /// Exactly one notice from each of these distinct agents (`1..=E` of them). Duplicates
     /// and unexpected senders are detected and the missing producer can be named.
@@ -64,17 +64,24 @@ pub struct Registration<'a> {
     pub deadline_ms: Option<u64>,
 }
 
-/// A tracked request whose writes may still land. Holds no blocks.
+/// A tracked request whose writes may still land, in counting or named-edge mode (the
+/// type was called `Counting`). Holds no blocks.
 #[must_use = "keep the ticket to abort the request; decisions arrive through `poll`"]
 #[derive(PartialEq, Eq, Debug)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct Counting {
+pub struct Pending {
     pub(crate) key: RequestKey,
     pub(crate) slot: u32,
-    pub(crate) generation: u32,
 }
 
-impl Counting {
+/// The old name of [`Pending`].
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `Pending`: it covers named-edge mode too"
+)]
+pub type Counting = Pending;
+
+impl Pending {
     /// The request's key.
     pub fn key(&self) -> RequestKey {
         self.key
@@ -101,8 +108,10 @@ impl Drained {
     }
 }
 
-/// Every edge is resolved and at least one failed: no write can still land. The blocks
-/// come back in the [`Released`] that follows; their content must not be read.
+/// Every edge is resolved and at least one failed: the request has failed for the client.
+/// The blocks come back in the [`Released`] that follows — at once, or once every failure
+/// notice has settled ([`Config::settle_ms`](crate::Config::settle_ms)), since a write it
+/// reports may still be landing; their content must not be read.
 #[derive(PartialEq, Eq, Debug)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Failed {
@@ -193,7 +202,9 @@ impl Released {
 pub enum Decision {
     /// `completed`: decode may start.
     Completed(Drained),
-    /// `failed`: apply the KV load failure policy; a `Released` follows at once.
+    /// `failed`: apply the KV load failure policy; a `Released` follows, at once or, if a
+    /// failure notice has not settled yet ([`Config::settle_ms`](crate::Config::settle_ms)),
+    /// from the `advance` that reaches its settle end.
     Failed(Failed),
     /// `expired`: the deadline passed with edges outstanding.
     Expired(Quarantined),

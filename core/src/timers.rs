@@ -208,6 +208,12 @@ impl<const N: usize> Timers<N> {
         Some(first)
     }
 
+    /// When `slot`'s timer fires, if it has one.
+    pub(crate) fn due(&self, slot: u32) -> Option<Millis> {
+        let t = &self.timer[slot as usize];
+        (t.pos != NONE).then_some(t.due)
+    }
+
     /// When the next timer fires, if any.
     pub(crate) fn next_due(&self) -> Option<Millis> {
         self.first().map(|s| self.timer[s as usize].due)

@@ -21,33 +21,36 @@ pub const PUSH_REG_PREFIX: &[u8] = b"PUSH_REG:";
 /// Prefix of a heartbeat.
 pub const HEARTBEAT_PREFIX: &[u8] = b"HB:";
 
-/// The body shared by completions and failure notices: `{request_id}:{tp_size}`.
+/// The body shared by completions and failure notices: `{request_id}:{tp_size}` (the
+/// type was called `Completion`, though it is a failure notice's body too).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct Completion<'a> {
+pub struct Body<'a> {
     /// The consumer's request id (may contain `:`; never empty).
     pub request_id: &'a str,
     /// The producer's tensor-parallel size, `1..=65535`.
     pub tp_size: u16,
 }
 
+/// The old name of [`Body`].
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `Body`: it is a failure notice's body too"
+)]
+pub type Completion<'a> = Body<'a>;
+
 /// A parsed notification.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Message<'a> {
     /// A WRITE landed: one edge of the request delivered its data.
-    Completion(Completion<'a>),
-    /// `PUSH_FAIL:`: the sender did not write and will not write for this request.
-    Failure(Completion<'a>),
+    Completion(Body<'a>),
+    /// `PUSH_FAIL:`: the sender's write for this request did not complete and will not be
+    /// reported otherwise. Bytes of a write that failed after it was posted may still land
+    /// for a while: the consumer lets the notice settle (`Config::settle_ms`).
+    Failure(Body<'a>),
     /// `HB:`: producer-bound lease renewal.
     Heartbeat(Heartbeat<'a>),
     /// `PUSH_REG:`: producer-bound registration; the msgpack payload after the prefix.
     Registration(&'a [u8]),
-}
-
-impl Message<'_> {
-    /// Whether a consumer (decode side) acts on this message.
-    pub fn is_for_consumer(&self) -> bool {
-        matches!(self, Message::Completion(_) | Message::Failure(_))
-    }
 }
 
 /// A heartbeat body: comma-separated producer-side request ids.
@@ -112,12 +115,12 @@ pub fn parse(bytes: &[u8]) -> Result<Message<'_>, ParseError> {
     }
 }
 
-fn parse_body(body: &str) -> Result<Completion<'_>, ParseError> {
+fn parse_body(body: &str) -> Result<Body<'_>, ParseError> {
     let (request_id, tp) = body.rsplit_once(':').ok_or(ParseError::MissingSeparator)?;
     if request_id.is_empty() {
         return Err(ParseError::EmptyRequestId);
     }
-    Ok(Completion {
+    Ok(Body {
         request_id,
         tp_size: parse_tp_size(tp.as_bytes())?,
     })
@@ -218,7 +221,7 @@ fn decimal(n: u16) -> ([u8; 5], usize) {
     (digits, len)
 }
 
-impl Completion<'_> {
+impl Body<'_> {
     /// Bytes [`encode`](Self::encode) writes.
     pub fn encoded_len(&self) -> usize {
         self.request_id.len() + 1 + decimal(self.tp_size).1
@@ -317,13 +320,13 @@ mod tests {
     use super::*;
 
     fn done(id: &str, tp: u16) -> Message<'_> {
-        Message::Completion(Completion {
+        Message::Completion(Body {
             request_id: id,
             tp_size: tp,
         })
     }
     fn fail(id: &str, tp: u16) -> Message<'_> {
-        Message::Failure(Completion {
+        Message::Failure(Body {
             request_id: id,
             tp_size: tp,
         })
@@ -334,7 +337,7 @@ mod tests {
     fn golden_completion() {
         assert_eq!(parse(b"req-1:2"), Ok(done("req-1", 2)));
         let mut buf = [0u8; 32];
-        let n = Completion {
+        let n = Body {
             request_id: "req-1",
             tp_size: 2,
         }
@@ -347,7 +350,7 @@ mod tests {
     fn golden_failure_notice() {
         assert_eq!(parse(b"PUSH_FAIL:req-1:2"), Ok(fail("req-1", 2)));
         let mut buf = [0u8; 32];
-        let c = Completion {
+        let c = Body {
             request_id: "req-1",
             tp_size: 2,
         };
@@ -423,7 +426,7 @@ mod tests {
     #[test]
     fn encode_refuses_short_buffers_without_writing() {
         let mut buf = [7u8; 4];
-        let c = Completion {
+        let c = Body {
             request_id: "req-1",
             tp_size: 12,
         };
@@ -453,7 +456,7 @@ mod tests {
             "PUSH_REG",
             "PUSH_REG:x",
         ] {
-            let c = Completion {
+            let c = Body {
                 request_id: id,
                 tp_size: 2,
             };
@@ -462,7 +465,7 @@ mod tests {
             assert_eq!(parse(&buf[..n]), Ok(Message::Failure(c)));
         }
         for id in ["H", "HBx", "PUSH_FAILx:y", "PUSH_RE", "xHB:"] {
-            let c = Completion {
+            let c = Body {
                 request_id: id,
                 tp_size: 2,
             };
@@ -476,7 +479,7 @@ mod tests {
         let mut buf = [0u8; 300];
         for tp in [1u16, 2, 9, 10, 99, 100, 65535] {
             for id in ["r", "a:b", "cmpl-uuid-0-deadbeef", "ü:ñ"] {
-                let c = Completion {
+                let c = Body {
                     request_id: id,
                     tp_size: tp,
                 };

@@ -3,8 +3,8 @@
 #![cfg(not(kvdrain_loom))]
 
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, ClockError, Config, Counting, Decision, Expect, IgnoreReason,
-    Ledger, Noticed, Outstanding, QuarantineCause, RegisterErrorKind, Registration,
+    AbortError, AgentId, BlockHandle, ClockError, Config, Decision, Expect, IgnoreReason, Ledger,
+    Noticed, Outstanding, Pending, QuarantineCause, RegisterErrorKind, Registration,
 };
 
 const P0: AgentId = AgentId(0);
@@ -13,16 +13,23 @@ const STRANGER: AgentId = AgentId(9);
 
 type L = Ledger<8, 4>;
 
+/// `settle_ms = 0` (vLLM's behaviour): every row but `settling` decides as before rule 8.
 fn ledger(capacity: usize) -> L {
+    settling_ledger(capacity, 0)
+}
+
+/// Deadline 100, quarantine 1000, failure notices settle for `settle_ms`.
+fn settling_ledger(capacity: usize, settle_ms: u64) -> L {
     Ledger::new(Config {
         capacity,
         deadline_ms: 100,
         quarantine_ms: 1000,
+        settle_ms,
         seed: 42,
     })
 }
 
-fn counting(l: &mut L, id: &str, n: u8) -> Counting {
+fn counting(l: &mut L, id: &str, n: u8) -> Pending {
     let r = Registration {
         id,
         blocks: BlockHandle(7),
@@ -32,7 +39,7 @@ fn counting(l: &mut L, id: &str, n: u8) -> Counting {
     l.register(r).expect("registered")
 }
 
-fn named(l: &mut L, id: &str) -> Counting {
+fn named(l: &mut L, id: &str) -> Pending {
     let r = Registration {
         id,
         blocks: BlockHandle(7),
@@ -215,6 +222,195 @@ fn counting_register_same_id_is_rejected() {
     let e = l.register(again).expect_err("duplicate");
     assert_eq!(e.kind, RegisterErrorKind::DuplicateId);
     assert_eq!(e.registration.blocks, BlockHandle(8)); // handed back whole
+}
+
+// ---- Settling (decided, blocks fenced until the failure notices settle: rule 8) ----
+
+/// A named request failed by `PUSH_FAIL` from P1 at `fail_at` and decided by P0's
+/// completion at `decide_at`, with settle_ms = 50; returns the ledger and the decisions.
+fn settled_after(fail_at: u64, decide_at: u64) -> (L, Vec<&'static str>) {
+    let mut l = settling_ledger(4, 50);
+    let _t = named(&mut l, "r");
+    assert!(at(&mut l, fail_at).is_empty());
+    assert_eq!(notice(&mut l, P1, b"PUSH_FAIL:r:2"), Noticed::Counted);
+    assert!(at(&mut l, decide_at).is_empty());
+    assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Decided);
+    let decided = poll(&mut l);
+    (l, decided)
+}
+
+#[test]
+fn settling_release_waits_settle_ms_after_the_failure_notice() {
+    // Rule 8: from the notice (10), not from the decision (20).
+    let (mut l, decided) = settled_after(10, 20);
+    assert_eq!(decided, ["failed"]);
+    assert!(at(&mut l, 59).is_empty());
+    assert_eq!(at(&mut l, 60), ["released"]);
+    assert!(l.is_empty());
+    let c = l.engine_counters();
+    assert_eq!((c.settle_started, c.settle_released, c.settling), (1, 1, 0));
+}
+
+#[test]
+fn settling_end_already_reached_releases_with_the_decision() {
+    let (l, decided) = settled_after(10, 60);
+    assert_eq!(decided, ["failed", "released"]);
+    assert!(l.is_empty());
+    assert_eq!(l.engine_counters().settle_started, 0);
+}
+
+#[test]
+fn settling_notice_abort_and_register_see_a_tracked_decided_request() {
+    let (mut l, _) = settled_after(0, 0);
+    assert_eq!(ignored(&mut l, P0, b"PUSH_FAIL:r:2"), IgnoreReason::Late);
+    assert_eq!(ignored(&mut l, STRANGER, b"r:2"), IgnoreReason::Late);
+    assert_eq!(l.abort_id("r").map(|_| ()), Err(AbortError::Late));
+    let again = Registration {
+        id: "r",
+        blocks: BlockHandle(7),
+        expect: Expect::Count(1),
+        deadline_ms: None,
+    };
+    let refused = l.register(again).map(|_| ()).expect_err("still tracked");
+    assert_eq!(refused.kind, RegisterErrorKind::DuplicateId);
+    assert_eq!(fence(&mut l, P1), Vec::<&str>::new());
+    // The late notices did not move the settle end.
+    assert_eq!(at(&mut l, 50), ["released"]);
+}
+
+#[test]
+fn settling_holds_its_slot_until_released() {
+    // Rule 7: a request waiting to settle counts against the capacity.
+    let mut l = settling_ledger(1, 50);
+    let _t = counting(&mut l, "r", 1);
+    assert_eq!(notice(&mut l, P0, b"PUSH_FAIL:r:1"), Noticed::Decided);
+    assert_eq!(poll(&mut l), ["failed"]);
+    assert_eq!((l.len(), l.is_full()), (1, true));
+    let refused = Registration {
+        id: "s",
+        blocks: BlockHandle(7),
+        expect: Expect::Count(1),
+        deadline_ms: None,
+    };
+    let refused = l.register(refused).map(|_| ()).expect_err("full");
+    assert_eq!(refused.kind, RegisterErrorKind::Full);
+    assert_eq!(l.next_timer(), Some(50));
+    assert_eq!(at(&mut l, 50), ["released"]);
+    let _s = counting(&mut l, "s", 1);
+}
+
+#[test]
+fn settling_the_last_failure_notice_counts() {
+    let mut l = settling_ledger(4, 50);
+    let _t = counting(&mut l, "r", 3);
+    let _ = notice(&mut l, P0, b"PUSH_FAIL:r:3");
+    assert!(at(&mut l, 30).is_empty());
+    let _ = notice(&mut l, P1, b"PUSH_FAIL:r:3");
+    assert_eq!(notice(&mut l, P0, b"r:3"), Noticed::Decided);
+    assert_eq!(poll(&mut l), ["failed"]);
+    assert!(at(&mut l, 79).is_empty());
+    assert_eq!(at(&mut l, 80), ["released"]);
+}
+
+#[test]
+fn settling_is_not_needed_after_a_fence() {
+    // A fence is certain: nothing more lands. Completions and fences need no settling.
+    let mut l = settling_ledger(4, 50);
+    let _t = named(&mut l, "r");
+    assert_eq!(fence(&mut l, P1), Vec::<&str>::new());
+    assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Decided);
+    assert_eq!(poll(&mut l), ["failed", "released"]);
+}
+
+#[test]
+fn settling_a_fence_after_a_failure_notice_still_settles_the_notice() {
+    let mut l = settling_ledger(4, 50);
+    let _t = named(&mut l, "r");
+    let _ = notice(&mut l, P0, b"PUSH_FAIL:r:2");
+    assert!(at(&mut l, 20).is_empty());
+    assert_eq!(fence(&mut l, P1), ["failed"]);
+    assert_eq!(at(&mut l, 50), ["released"]);
+}
+
+#[test]
+fn settling_an_aborted_request_ends_at_the_earlier_of_settle_and_quarantine_end() {
+    // Quarantine ends at abort (0) + 1000. Settle ends at notice + settle_ms.
+    for (settle_ms, fires_at, word) in [
+        (500, 500, "released"),    // settle end first
+        (1000, 1000, "released"),  // tie: the settle end wins, not forced
+        (1500, 1000, "released!"), // quarantine end first: forced, not delayed
+    ] {
+        let mut l = settling_ledger(4, settle_ms);
+        let t = counting(&mut l, "r", 2);
+        let _ = l.abort(t);
+        assert_eq!(notice(&mut l, P0, b"PUSH_FAIL:r:2"), Noticed::Counted);
+        assert_eq!(notice(&mut l, P1, b"r:2"), Noticed::Decided);
+        assert!(poll(&mut l).is_empty(), "settle_ms {settle_ms}");
+        assert!(at(&mut l, fires_at - 1).is_empty(), "settle_ms {settle_ms}");
+        assert_eq!(at(&mut l, fires_at), [word], "settle_ms {settle_ms}");
+        assert!(l.is_empty());
+    }
+}
+
+#[test]
+fn settling_never_delays_the_forced_release_of_a_quarantine() {
+    // Edges still outstanding at the quarantine end: forced release, whatever settles.
+    let mut l = settling_ledger(4, 5000);
+    let t = counting(&mut l, "r", 2);
+    let _ = notice(&mut l, P0, b"PUSH_FAIL:r:2");
+    let _ = l.abort(t);
+    assert_eq!(at(&mut l, 1000), ["released!"]);
+}
+
+#[test]
+fn settling_across_the_32_bit_clock_wrap() {
+    // The ingest half stamps notices with the low 32 bits of the clock; the owner rebuilds
+    // the full time against its own clock, across the wrap at 2^32 ms.
+    let wrap = 1u64 << 32;
+    let mut l = settling_ledger(4, 50);
+    assert!(at(&mut l, wrap - 10).is_empty());
+    let r = Registration {
+        id: "r",
+        blocks: BlockHandle(7),
+        expect: Expect::Edges(&[P0, P1]),
+        deadline_ms: Some(1000),
+    };
+    let _t = l.register(r).expect("registered");
+    let _ = notice(&mut l, P1, b"PUSH_FAIL:r:2");
+    assert!(at(&mut l, wrap + 5).is_empty());
+    assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Decided);
+    assert_eq!(poll(&mut l), ["failed"]);
+    assert_eq!(l.next_timer(), Some(wrap + 40));
+    assert!(at(&mut l, wrap + 39).is_empty());
+    assert_eq!(at(&mut l, wrap + 40), ["released"]);
+}
+
+#[test]
+fn settling_zero_releases_with_the_decision() {
+    let mut l = settling_ledger(4, 0);
+    let _t = named(&mut l, "r");
+    let _ = notice(&mut l, P1, b"PUSH_FAIL:r:2");
+    let _ = notice(&mut l, P0, b"r:2");
+    assert_eq!(poll(&mut l), ["failed", "released"]);
+    assert_eq!(l.engine_counters().settle_started, 0);
+}
+
+#[test]
+fn decided_pull_hands_out_what_poll_would() {
+    // `poll_decision` is `poll` one decision at a time, settling included.
+    let mut l = settling_ledger(4, 0);
+    let _a = named(&mut l, "a");
+    let _b = counting(&mut l, "b", 1);
+    let _ = notice(&mut l, P1, b"PUSH_FAIL:a:2");
+    let _ = notice(&mut l, P0, b"a:2");
+    let _ = notice(&mut l, P0, b"b:1");
+    let mut pulled = Vec::new();
+    while let Some(d) = l.poll_decision() {
+        pulled.push(d);
+    }
+    assert_eq!(words(pulled), ["failed", "released", "completed"]);
+    assert!(l.poll_decision().is_none());
+    assert!(l.is_empty());
 }
 
 // ---- Aborted / Expired (quarantined) ----

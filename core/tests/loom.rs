@@ -8,7 +8,7 @@
 //! design has exactly one of each per ledger: `Ingest` is neither `Clone` nor `Copy` and
 //! [`Ledger::split`] takes `&mut self`, so a second ingest thread does not compile; two
 //! notices from the one ingest thread are modelled instead). Every model checks the rules
-//! of `spec/replay-trace.md`:
+//! of `docs/replay-trace.md`:
 //!
 //! * **no release before drain** — a producer's RDMA write is modelled as a loom
 //!   `AtomicBool` that the ingest thread sets (`Release`) before it hands that producer's
@@ -20,6 +20,11 @@
 //!   aborted / expired, and exactly one `Released` unless it completed;
 //! * **no lost and no double-counted notice** — each model asserts what every notice
 //!   returned in every interleaving, and the ingest counters must agree with it.
+//! * **failure notices settle** (rule 8) — models with `settle_ms > 0` check that an
+//!   unforced `Released` comes no earlier than `settle_ms` after the clock the failure
+//!   notice could have been stamped with (the engine raises a flag after each `advance`,
+//!   which the ingest thread reads before its notice), that a fence deciding after a
+//!   failure notice still sees its stamp, and that a quarantine end is never delayed.
 //!
 //! Each model also returns a label of what happened (the engine's log, `|` where it joined
 //! the ingest thread, what each notice returned), and [`check`] requires the set of labels
@@ -38,8 +43,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, Config, Counting, Decision, Engine, Expect, IgnoreReason,
-    Ingest, IngestCounters, Ledger, Noticed, Outstanding, QuarantineCause, RegisterErrorKind,
+    AbortError, AgentId, BlockHandle, Config, Decision, Engine, Expect, IgnoreReason, Ingest,
+    IngestCounters, Ledger, Noticed, Outstanding, Pending, QuarantineCause, RegisterErrorKind,
     Registration,
 };
 use loom::sync::Arc;
@@ -52,6 +57,8 @@ static_assertions::assert_not_impl_any!(Engine<'static, 2, 2>: Clone, Copy);
 
 const DEADLINE: u64 = 100;
 const QUARANTINE: u64 = 50;
+/// `settle_ms` of the models that settle failure notices (rule 8); the others use 0.
+const SETTLE: u64 = 20;
 /// Past every deadline and quarantine end of every model.
 const FAR: u64 = 1_000;
 const AGENTS: [AgentId; 2] = [AgentId(0), AgentId(1)];
@@ -134,11 +141,17 @@ fn with_halves<const N: usize, const E: usize, R>(
     out
 }
 
+/// Failure notices release with the decision (`settle_ms = 0`, vLLM's behaviour).
 fn config(capacity: usize) -> Config {
+    settling_config(capacity, 0)
+}
+
+fn settling_config(capacity: usize, settle_ms: u64) -> Config {
     Config {
         capacity,
         deadline_ms: DEADLINE,
         quarantine_ms: QUARANTINE,
+        settle_ms,
         seed: 7,
     }
 }
@@ -218,6 +231,8 @@ struct Tally {
     forced: u32,
     /// What `Expired` or a successful abort reported as outstanding.
     quarantined_with: Option<Outstanding>,
+    /// The engine's clock when the blocks were released.
+    released_at: Option<u64>,
 }
 
 /// The engine thread's referee: checks every decision as it arrives and the whole
@@ -231,6 +246,8 @@ struct Judge {
     fenced: Vec<u16>,
     tally: BTreeMap<u64, Tally>,
     log: Vec<String>,
+    /// The engine's clock (the last `advance`).
+    now: u64,
 }
 
 impl Judge {
@@ -241,6 +258,7 @@ impl Judge {
             fenced: Vec::new(),
             tally: BTreeMap::new(),
             log: Vec::new(),
+            now: 0,
         }
     }
 
@@ -252,7 +270,7 @@ impl Judge {
         expect: Expect<'static>,
         deadline_ms: Option<u64>,
         writers: &[u16],
-    ) -> Result<Counting, RegisterErrorKind> {
+    ) -> Result<Pending, RegisterErrorKind> {
         let ticket = engine
             .register(Registration {
                 id,
@@ -312,7 +330,9 @@ impl Judge {
                 if !r.forced() {
                     self.assert_drained(key, "released the blocks of", true);
                 }
+                let now = self.now;
                 let t = self.note(key, if r.forced() { "forced" } else { "released" });
+                t.released_at = Some(now);
                 t.released += 1;
                 t.forced += u32::from(r.forced());
                 let _ = r.into_free();
@@ -323,7 +343,7 @@ impl Judge {
     fn abort<const N: usize, const E: usize>(
         &mut self,
         engine: &mut Engine<'_, N, E>,
-        ticket: Counting,
+        ticket: Pending,
     ) -> Result<(), AbortError> {
         let key = ticket.key().get();
         match engine.abort(ticket) {
@@ -346,6 +366,7 @@ impl Judge {
     }
 
     fn advance<const N: usize, const E: usize>(&mut self, engine: &mut Engine<'_, N, E>, now: u64) {
+        self.now = now;
         engine
             .advance(now, |d| self.decision(d))
             .expect("the models' clocks only go forward");
@@ -573,55 +594,169 @@ enum Variant {
 /// A failure notice and the sibling's completion arrive (in either order) while the engine
 /// polls: `failed` must wait for the sibling's write.
 fn failure_waits_for_sibling(mode: Mode, failure_first: bool, variant: Variant) -> String {
+    failure_waits_for_sibling_settling(mode, failure_first, variant, 0)
+}
+
+/// As [`failure_waits_for_sibling`], with failure notices settling for `settle_ms`: the
+/// notice is stamped with the clock of the last advance (0 here), so `failed` comes when
+/// the sibling lands and the release at the first advance past `settle_ms` (the final
+/// drain's).
+fn failure_waits_for_sibling_settling(
+    mode: Mode,
+    failure_first: bool,
+    variant: Variant,
+    settle_ms: u64,
+) -> String {
     let writes = Writes::new();
     let w = writes.clone();
-    with_halves::<2, 2, _>(config(2), move |mut ingest, mut engine| {
-        let mut judge = Judge::new(&writes);
-        let _ticket = judge
-            .register(&mut engine, "r1", mode.expect(2), None, &[0])
-            .expect("room");
-        let producer = thread::spawn(move || {
-            let fail = |ingest: &mut Ingest<'static, 2, 2>| {
-                let bytes = b"PUSH_FAIL:r1:2";
-                if variant == Variant::BrokenF1 {
-                    ingest
-                        .handle_notification_broken_f1(AgentId(1), bytes)
-                        .map_err(|e| e.reason)
-                } else {
-                    notify(ingest, 1, bytes)
+    with_halves::<2, 2, _>(
+        settling_config(2, settle_ms),
+        move |mut ingest, mut engine| {
+            let mut judge = Judge::new(&writes);
+            let _ticket = judge
+                .register(&mut engine, "r1", mode.expect(2), None, &[0])
+                .expect("room");
+            let producer = thread::spawn(move || {
+                let fail = |ingest: &mut Ingest<'static, 2, 2>| {
+                    let bytes = b"PUSH_FAIL:r1:2";
+                    if variant == Variant::BrokenF1 {
+                        ingest
+                            .handle_notification_broken_f1(AgentId(1), bytes)
+                            .map_err(|e| e.reason)
+                    } else {
+                        notify(ingest, 1, bytes)
+                    }
+                };
+                let mut results = Vec::new();
+                if failure_first {
+                    results.push(fail(&mut ingest));
                 }
-            };
-            let mut results = Vec::new();
-            if failure_first {
-                results.push(fail(&mut ingest));
+                w.land(0);
+                results.push(notify(&mut ingest, 0, b"r1:2"));
+                if !failure_first {
+                    results.push(fail(&mut ingest));
+                }
+                (results, *ingest.counters())
+            });
+            judge.poll(&mut engine);
+            judge.poll(&mut engine);
+            let (results, counters) = producer.join().expect("ingest thread");
+            judge.joined();
+            let (t, log) = judge.finish(&mut engine);
+            let t = t[0];
+            if variant == Variant::Correct {
+                assert_eq!(
+                    results,
+                    [Ok(Noticed::Counted), Ok(Noticed::Decided)],
+                    "both notices count, the second decides"
+                );
+                assert_ingest_counters(&counters, &results);
             }
-            w.land(0);
-            results.push(notify(&mut ingest, 0, b"r1:2"));
-            if !failure_first {
-                results.push(fail(&mut ingest));
+            assert_eq!((t.failed, t.released, t.forced), (1, 1, 0), "{t:?}");
+            if settle_ms > 0 && variant == Variant::Correct {
+                assert_eq!(
+                    t.released_at,
+                    Some(FAR),
+                    "rule 8: settled at the first advance"
+                );
             }
-            (results, *ingest.counters())
-        });
-        judge.poll(&mut engine);
-        judge.poll(&mut engine);
-        let (results, counters) = producer.join().expect("ingest thread");
-        judge.joined();
-        let (t, log) = judge.finish(&mut engine);
-        let t = t[0];
-        if variant == Variant::Correct {
-            assert_eq!(
-                results,
-                [Ok(Noticed::Counted), Ok(Noticed::Decided)],
-                "both notices count, the second decides"
-            );
-            assert_ingest_counters(&counters, &results);
-        }
-        assert_eq!((t.failed, t.released, t.forced), (1, 1, 0), "{t:?}");
-        log
-    })
+            log
+        },
+    )
 }
 
 const FAILURE_WAITS: &[&str] = &["r1:failed r1:released |", "| r1:failed r1:released"];
+const FAILURE_WAITS_SETTLING: &[&str] = &["r1:failed | r1:released", "| r1:failed r1:released"];
+
+#[test]
+fn failure_notice_then_sibling_completion_settling_counting() {
+    check(
+        "failure_notice_then_sibling_completion_settling_counting",
+        FAILURE_WAITS_SETTLING,
+        || failure_waits_for_sibling_settling(Mode::Counting, true, Variant::Correct, SETTLE),
+    );
+}
+
+#[test]
+fn sibling_completion_then_failure_notice_settling_named() {
+    check(
+        "sibling_completion_then_failure_notice_settling_named",
+        FAILURE_WAITS_SETTLING,
+        || failure_waits_for_sibling_settling(Mode::Named, false, Variant::Correct, SETTLE),
+    );
+}
+
+/// Rule 8 across threads: a failure notice that resolves the last edge races the clock
+/// advances whose time it is stamped with (the ledger publishes each `advance` to the
+/// ingest thread) and, when the request was aborted, the quarantine end. After each
+/// `advance(t)` returns, the engine thread also raises a flag the ingest thread reads
+/// (`Acquire`) before its notice: a notice that saw `advance(t)` finished must not have
+/// its blocks released unforced before `t + SETTLE`, and a forced release comes only at
+/// the quarantine end.
+fn failure_notice_vs_settle_advance(aborted: bool) -> String {
+    let writes = Writes::new();
+    let w = writes.clone();
+    let advanced = Arc::new(loom::sync::atomic::AtomicU32::new(0));
+    let seen = advanced.clone();
+    with_halves::<2, 2, _>(settling_config(2, SETTLE), move |mut ingest, mut engine| {
+        let mut judge = Judge::new(&writes);
+        let ticket = judge
+            .register(&mut engine, "r1", Mode::Named.expect(2), None, &[0])
+            .expect("room");
+        w.land(0);
+        assert_eq!(notify(&mut ingest, 0, b"r1:2"), Ok(Noticed::Counted));
+        if aborted {
+            judge.abort(&mut engine, ticket).expect("counting");
+        }
+        let producer = thread::spawn(move || {
+            let after = seen.load(Ordering::Acquire);
+            let r = notify(&mut ingest, 1, b"PUSH_FAIL:r1:2");
+            (u64::from(after), r, *ingest.counters())
+        });
+        for now in [10, QUARANTINE] {
+            judge.advance(&mut engine, now);
+            advanced.store(now as u32, Ordering::Release);
+            judge.poll(&mut engine);
+        }
+        let (after, notice, counters) = producer.join().expect("ingest thread");
+        judge.joined();
+        let (t, log) = judge.finish(&mut engine);
+        let t = t[0];
+        let released_at = t.released_at.expect("released");
+        assert_eq!(t.released, 1, "{t:?}");
+        if t.forced == 1 {
+            assert!(
+                aborted,
+                "forced release of a request that was not aborted: {t:?}"
+            );
+            assert!(
+                released_at >= QUARANTINE,
+                "forced before the quarantine end: {t:?}"
+            );
+        } else {
+            assert_eq!(
+                notice,
+                Ok(Noticed::Decided),
+                "an unforced release needs the last edge"
+            );
+            assert!(
+                released_at >= after + SETTLE,
+                "released at {released_at}, before the notice after {after} settled"
+            );
+        }
+        match notice {
+            Ok(_) => assert_ingest_counters(&counters, &[Ok(Noticed::Counted), notice]),
+            Err(reason) => assert!(
+                aborted && t.forced == 1 && reason == IgnoreReason::Late,
+                "{reason:?} {t:?}"
+            ),
+        }
+        format!(
+            "{log} :: {} after {after} released at {released_at}",
+            show(&[notice])
+        )
+    })
+}
 
 #[test]
 fn failure_notice_then_sibling_completion_counting() {
@@ -662,10 +797,50 @@ fn broken_f1_failure_cuts_the_count_short_is_caught() {
 
 /// A failure notice from p1 (ingest) races a fence of the sibling p0 (engine): both resolve
 /// an edge, exactly one of them resolves the last one, and the request is decided once.
+/// With `settle_ms > 0` the release must wait for the failure notice to settle even when
+/// the fence decided: the engine sees the notice's stamp through the state word's CAS.
+fn failure_notice_vs_fence_of_sibling(settle_ms: u64) -> String {
+    let writes = Writes::new();
+    with_halves::<2, 2, _>(
+        settling_config(2, settle_ms),
+        move |mut ingest, mut engine| {
+            let mut judge = Judge::new(&writes);
+            let _ticket = judge
+                .register(&mut engine, "r1", Mode::Named.expect(2), None, &[0])
+                .expect("room");
+            let producer = thread::spawn(move || {
+                let r = notify(&mut ingest, 1, b"PUSH_FAIL:r1:2");
+                (r, *ingest.counters())
+            });
+            let fenced = judge.fence(&mut engine, 0);
+            judge.poll(&mut engine);
+            let (notice, counters) = producer.join().expect("ingest thread");
+            judge.joined();
+            let (t, log) = judge.finish(&mut engine);
+            let t = t[0];
+            assert_eq!(fenced, 1, "the fence always resolves p0's edge");
+            assert!(
+                notice.is_ok(),
+                "the failure notice always counts: {notice:?}"
+            );
+            assert_ingest_counters(&counters, &[notice]);
+            assert_eq!((t.failed, t.released, t.forced), (1, 1, 0), "{t:?}");
+            if settle_ms > 0 {
+                assert_eq!(
+                    t.released_at,
+                    Some(FAR),
+                    "rule 8: the notice at 0 settles first"
+                );
+            }
+            format!("{log} :: {}", show(&[notice]))
+        },
+    )
+}
+
 #[test]
-fn failure_notice_vs_fence_of_sibling() {
+fn failure_notice_vs_fence_of_sibling_no_settling() {
     check(
-        "failure_notice_vs_fence_of_sibling",
+        "failure_notice_vs_fence_of_sibling_no_settling",
         &[
             // The fence resolved the last edge and decided.
             "fence(p0) r1:failed r1:released =1 | :: Counted",
@@ -673,33 +848,20 @@ fn failure_notice_vs_fence_of_sibling() {
             "fence(p0) =1 r1:failed r1:released | :: Decided",
             "fence(p0) =1 | r1:failed r1:released :: Decided",
         ],
-        || {
-            let writes = Writes::new();
-            with_halves::<2, 2, _>(config(2), move |mut ingest, mut engine| {
-                let mut judge = Judge::new(&writes);
-                let _ticket = judge
-                    .register(&mut engine, "r1", Mode::Named.expect(2), None, &[0])
-                    .expect("room");
-                let producer = thread::spawn(move || {
-                    let r = notify(&mut ingest, 1, b"PUSH_FAIL:r1:2");
-                    (r, *ingest.counters())
-                });
-                let fenced = judge.fence(&mut engine, 0);
-                judge.poll(&mut engine);
-                let (notice, counters) = producer.join().expect("ingest thread");
-                judge.joined();
-                let (t, log) = judge.finish(&mut engine);
-                let t = t[0];
-                assert_eq!(fenced, 1, "the fence always resolves p0's edge");
-                assert!(
-                    notice.is_ok(),
-                    "the failure notice always counts: {notice:?}"
-                );
-                assert_ingest_counters(&counters, &[notice]);
-                assert_eq!((t.failed, t.released, t.forced), (1, 1, 0), "{t:?}");
-                format!("{log} :: {}", show(&[notice]))
-            })
-        },
+        || failure_notice_vs_fence_of_sibling(0),
+    );
+}
+
+#[test]
+fn failure_notice_vs_fence_of_sibling_settling() {
+    check(
+        "failure_notice_vs_fence_of_sibling_settling",
+        &[
+            "fence(p0) r1:failed =1 | r1:released :: Counted",
+            "fence(p0) =1 r1:failed | r1:released :: Decided",
+            "fence(p0) =1 | r1:failed r1:released :: Decided",
+        ],
+        || failure_notice_vs_fence_of_sibling(SETTLE),
     );
 }
 
@@ -1086,3 +1248,59 @@ fn loom_keeps_rmw_atomicity_in_modification_order() {
         },
     );
 }
+
+#[test]
+fn failure_notice_vs_settle_advance_counting_phase() {
+    check(
+        "failure_notice_vs_settle_advance_counting_phase",
+        FAILURE_NOTICE_VS_SETTLE_ADVANCE,
+        || failure_notice_vs_settle_advance(false),
+    );
+}
+
+#[test]
+fn failure_notice_vs_settle_advance_and_quarantine_end() {
+    check(
+        "failure_notice_vs_settle_advance_and_quarantine_end",
+        FAILURE_NOTICE_VS_SETTLE_ADVANCE_ABORTED,
+        || failure_notice_vs_settle_advance(true),
+    );
+}
+
+/// `after T`: the ingest thread saw `advance(T)` finished before its notice; the notice
+/// may still read a later clock (published before the flag), never an earlier one.
+const FAILURE_NOTICE_VS_SETTLE_ADVANCE: &[&str] = &[
+    // Decided at the poll after `advance(10)` (stamp 0 or 10: settles by 30) or after
+    // `advance(50)` (stamp 0 or 10): released at 50.
+    "r1:failed r1:released | :: Decided after 0 released at 50",
+    "r1:failed r1:released | :: Decided after 10 released at 50",
+    // Stamped 50 (settles at 70): released at the final drain's advance.
+    "r1:failed | r1:released :: Decided after 0 released at 1000",
+    "r1:failed | r1:released :: Decided after 10 released at 1000",
+    "r1:failed | r1:released :: Decided after 50 released at 1000",
+    // Decided by the final drain's poll (at 50).
+    "| r1:failed r1:released :: Decided after 0 released at 1000",
+    "| r1:failed r1:released :: Decided after 0 released at 50",
+    "| r1:failed r1:released :: Decided after 10 released at 1000",
+    "| r1:failed r1:released :: Decided after 10 released at 50",
+    "| r1:failed r1:released :: Decided after 50 released at 1000",
+];
+
+/// Aborted at 0: the quarantine ends at 50.
+const FAILURE_NOTICE_VS_SETTLE_ADVANCE_ABORTED: &[&str] = &[
+    // The notice read the clock 50 and drained the request just before the quarantine
+    // end fired: it would settle at 70, the quarantine end is not delayed: forced.
+    "r1:aborted r1:forced | :: Decided after 0 released at 50",
+    "r1:aborted r1:forced | :: Decided after 10 released at 50",
+    "r1:aborted | r1:forced :: Decided after 0 released at 50",
+    "r1:aborted | r1:forced :: Decided after 10 released at 50",
+    // The quarantine end freed the slot first: the notice is late.
+    "r1:aborted r1:forced | :: late after 0 released at 50",
+    "r1:aborted r1:forced | :: late after 10 released at 50",
+    "r1:aborted r1:forced | :: late after 50 released at 50",
+    // Stamped 0 or 10: settled by 30, released unforced at 50.
+    "r1:aborted r1:released | :: Decided after 0 released at 50",
+    "r1:aborted r1:released | :: Decided after 10 released at 50",
+    "r1:aborted | r1:released :: Decided after 0 released at 50",
+    "r1:aborted | r1:released :: Decided after 10 released at 50",
+];

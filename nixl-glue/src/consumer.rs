@@ -230,7 +230,7 @@ struct InFlight {
     /// Until the decision (F9).
     heartbeat: bool,
     /// Until decided or aborted.
-    ticket: Option<kvdrain::Counting>,
+    ticket: Option<kvdrain::Pending>,
 }
 
 /// The D-side pump of one consumer rank over real NIXL. `N`: requests tracked at once (a

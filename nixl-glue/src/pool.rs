@@ -48,7 +48,7 @@ impl DramPool {
     /// If `block_len` is 0 or not a multiple of 8, or `num_blocks` is 0.
     pub fn new(block_len: usize, num_blocks: usize) -> Self {
         assert!(
-            block_len > 0 && block_len % 8 == 0 && num_blocks > 0,
+            block_len > 0 && block_len.is_multiple_of(8) && num_blocks > 0,
             "block_len must be a positive multiple of 8 and num_blocks positive"
         );
         let words = (0..block_len / 8 * num_blocks)

@@ -26,7 +26,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use kvdrain::producer::{PushPlan, Topology};
-use kvdrain::wire::{self, Completion, Message};
+use kvdrain::wire::{self, Body, Message};
 use nixl_sys::{MemType, NixlError, OptArgs, XferDescList, XferOp, XferRequest, XferStatus};
 
 use crate::agent::{AgentError, UcxAgent};
@@ -478,7 +478,7 @@ impl Pusher {
         let Some(peer) = self.peers.get(&(engine.to_owned(), d_rank)).cloned() else {
             return Err(());
         };
-        let completion = Completion {
+        let completion = Body {
             request_id: &reg.request_id,
             tp_size: self.config.tp_size,
         };
@@ -586,7 +586,7 @@ impl Pusher {
         reg: &PushRegistration,
         d: u16,
     ) -> bool {
-        let completion = Completion {
+        let completion = Body {
             request_id: &reg.request_id,
             tp_size: self.config.tp_size,
         };

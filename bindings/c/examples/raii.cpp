@@ -87,6 +87,10 @@ public:
         }
     }
 
+    // Moves the clock; deadlines, settle ends and quarantine ends due by now_ms queue
+    // their decisions for poll().
+    void advance(uint64_t now_ms) { check(kvdrain_engine_advance(engine_.get(), now_ms)); }
+
 private:
     // Declared so that the halves are destroyed before the ledger (any order is safe).
     std::unique_ptr<kvdrain_ledger, LedgerFree> ledger_;
@@ -108,8 +112,11 @@ int main() {
     };
     size_t decided = ledger.feed(notifs, agent_ids);
 
+    std::vector<kvdrain_decision> decisions = ledger.poll();  // COMPLETED, FAILED
+    ledger.advance(5000);  // the failure notice settles (settle_ms, 5 s by default)
+    for (const kvdrain_decision &d : ledger.poll()) decisions.push_back(d);  // RELEASED
     int completed = 0, failed = 0, released = 0;
-    for (const kvdrain_decision &d : ledger.poll()) {
+    for (const kvdrain_decision &d : decisions) {
         if (d.kind == KVDRAIN_COMPLETED && d.key == ok && d.blocks == 100) completed++;
         if (d.kind == KVDRAIN_FAILED && d.key == bad) failed++;
         if (d.kind == KVDRAIN_RELEASED && d.key == bad && d.blocks == 200) released++;

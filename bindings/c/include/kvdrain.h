@@ -39,11 +39,6 @@
 // The most notices a counting-mode registration may wait for.
 #define KVDRAIN_MAX_COUNT 64
 
-// 1 once `settle_ms` reaches the core (rule 8 of the replay spec: blocks of a failed
-// request stay fenced `settle_ms` after its last failure notice); 0 while it is accepted
-// and ignored.
-#define KVDRAIN_HAS_SETTLING 0
-
 // `uint64_t` for "no timer pending" (`kvdrain_engine_info.next_timer_ms`).
 #define KVDRAIN_NO_TIMER UINT64_MAX
 
@@ -197,7 +192,8 @@ typedef struct kvdrain_config {
   // released anyway, in ms (default 60 000). Set it above the producers' lease.
   uint64_t quarantine_ms;
   // How long after a failure notice the blocks of its request stay fenced, in ms
-  // (default 5 000). Takes effect when `KVDRAIN_HAS_SETTLING` is 1.
+  // (default 5 000): a failed write may still be landing (rule 8). 0 releases with
+  // the decision, as vLLM does.
   uint64_t settle_ms;
   // Key of the request-id fingerprints; any value works, a secret one keeps peers from
   // aiming for collisions.

@@ -13,10 +13,6 @@ pub const KVDRAIN_MAX_CAPACITY: u32 = 65_536;
 pub const KVDRAIN_MAX_EDGES: u32 = 8;
 /// The most notices a counting-mode registration may wait for.
 pub const KVDRAIN_MAX_COUNT: u32 = 64;
-/// 1 once `settle_ms` reaches the core (rule 8 of the replay spec: blocks of a failed
-/// request stay fenced `settle_ms` after its last failure notice); 0 while it is accepted
-/// and ignored.
-pub const KVDRAIN_HAS_SETTLING: u32 = 0;
 
 /// The table size `N` of [`CoreLedger`]. Under miri a small table, so that the ownership
 /// code (which is the same) is checked in seconds rather than hours.
@@ -44,7 +40,8 @@ pub struct kvdrain_config {
     /// released anyway, in ms (default 60 000). Set it above the producers' lease.
     pub quarantine_ms: u64,
     /// How long after a failure notice the blocks of its request stay fenced, in ms
-    /// (default 5 000). Takes effect when `KVDRAIN_HAS_SETTLING` is 1.
+    /// (default 5 000): a failed write may still be landing (rule 8). 0 releases with
+    /// the decision, as vLLM does.
     pub settle_ms: u64,
     /// Key of the request-id fingerprints; any value works, a secret one keeps peers from
     /// aiming for collisions.
@@ -73,9 +70,9 @@ impl kvdrain_config {
             capacity: self.capacity as usize,
             deadline_ms: self.deadline_ms,
             quarantine_ms: self.quarantine_ms,
+            settle_ms: self.settle_ms,
             seed: self.seed,
         };
-        let _ = self.settle_ms; // settle_ms: wired when Config has it
         Ok(config)
     }
 }

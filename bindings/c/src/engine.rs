@@ -176,7 +176,6 @@ fn register(side: &mut EngineSide, r: &kvdrain_registration, key_out: *mut u64) 
             RegisterErrorKind::DuplicateId => KVDRAIN_ERR_DUPLICATE_ID,
             RegisterErrorKind::BadCount => KVDRAIN_ERR_BAD_COUNT,
             RegisterErrorKind::BadEdges => KVDRAIN_ERR_BAD_EDGES,
-            _ => KVDRAIN_ERR_INVALID,
         },
     }
 }

@@ -53,7 +53,7 @@
 //!   one heap allocation that goes away with the last of them, in any free order. A call
 //!   through a freed handle (while another handle lives) or through a half of a freed
 //!   ledger returns `KVDRAIN_ERR_FREED`.
-//! * **Keys for tickets** (`tickets.rs`): the engine keeps each `Counting` ticket under
+//! * **Keys for tickets** (`tickets.rs`): the engine keeps each `Pending` ticket under
 //!   its key; a key used up returns `KVDRAIN_ERR_STALE` where Rust would not compile.
 //! * **A decision queue** (`decisions.rs`), allocated with the ledger, for decisions your
 //!   array had no room for.
@@ -79,8 +79,8 @@ mod tickets;
 use core::ffi::c_char;
 
 pub use config::{
-    KVDRAIN_HAS_SETTLING, KVDRAIN_MAX_CAPACITY, KVDRAIN_MAX_COUNT, KVDRAIN_MAX_EDGES,
-    kvdrain_config, kvdrain_config_default,
+    KVDRAIN_MAX_CAPACITY, KVDRAIN_MAX_COUNT, KVDRAIN_MAX_EDGES, kvdrain_config,
+    kvdrain_config_default,
 };
 pub use decisions::{
     kvdrain_decision, kvdrain_decision_kind, kvdrain_quarantine_cause, kvdrain_quarantined,

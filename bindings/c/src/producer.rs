@@ -5,7 +5,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use kvdrain::producer::{EdgeState, PlanError, PushPlan, Topology};
-use kvdrain::wire::{Completion, EncodeError};
+use kvdrain::wire::{Body, EncodeError};
 
 use crate::status::kvdrain_status::{self, *};
 use crate::status::{boundary, span, write_opt};
@@ -334,7 +334,7 @@ pub unsafe extern "C" fn kvdrain_encode_failure_notice(
         let Ok(request_id) = core::str::from_utf8(id) else {
             return KVDRAIN_ERR_INVALID;
         };
-        let body = Completion {
+        let body = Body {
             request_id,
             tp_size,
         };

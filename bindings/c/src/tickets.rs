@@ -1,6 +1,6 @@
-//! Request keys to the core's `Counting` tickets.
+//! Request keys to the core's `Pending` tickets.
 //!
-//! Rust callers hold each `Counting` ticket and give it up by value (abort) or see it end
+//! Rust callers hold each `Pending` ticket and give it up by value (abort) or see it end
 //! in a decision; C callers hold a `uint64_t` key instead. This table keeps the ticket of
 //! every key whose request is still counting, so that `abort(key)` can hand the real
 //! ticket to the core, and so that a key whose ticket was used up reads as
@@ -17,7 +17,7 @@
 //! ledger's capacity, and a ticket lives only while its request holds a slot, so it is at
 //! most half full. It is allocated once, with the ledger.
 
-use kvdrain::Counting;
+use kvdrain::Pending;
 
 /// Tickets of the requests still counting, by key.
 #[derive(Debug)]
@@ -25,7 +25,7 @@ pub(crate) struct Tickets {
     /// `key + 1` per cell; 0 marks an empty cell. Probes read only this array.
     tags: Box<[u64]>,
     /// The ticket of each occupied cell.
-    tickets: Box<[Option<Counting>]>,
+    tickets: Box<[Option<Pending>]>,
     mask: usize,
     len: usize,
     /// One past the highest key issued: keys at or above it were never issued.
@@ -36,7 +36,7 @@ pub(crate) struct Tickets {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Lookup {
     /// The ticket, now removed from the table.
-    Live(Counting),
+    Live(Pending),
     /// The key was issued, but its ticket was used up (aborted, or decided).
     Spent,
     /// No registration ever got this key.
@@ -67,7 +67,7 @@ impl Tickets {
     /// # Panics
     /// If the table is full, which the capacity bound rules out (an internal invariant;
     /// the FFI boundary turns it into `KVDRAIN_ERR_PANIC`).
-    pub(crate) fn insert(&mut self, ticket: Counting) {
+    pub(crate) fn insert(&mut self, ticket: Pending) {
         let key = ticket.key().get();
         assert!(self.len < self.tags.len(), "ticket table full");
         self.issued = self.issued.max(key + 1);
@@ -170,7 +170,7 @@ mod tests {
     use kvdrain::{BlockHandle, Config, Expect, Ledger, Registration};
 
     /// Real tickets from a small ledger (their fields are private to the core).
-    fn tickets(ledger: &mut Ledger<64, 8>, n: usize) -> Vec<Counting> {
+    fn tickets(ledger: &mut Ledger<64, 8>, n: usize) -> Vec<Pending> {
         (0..n)
             .map(|i| {
                 ledger

@@ -228,8 +228,8 @@ impl PyLedger {
             capacity,
             deadline_ms,
             quarantine_ms,
+            settle_ms,
             seed: seed.unwrap_or(defaults.seed),
-            // settle_ms: wired when Config has it
         };
         let tracker = match table_size {
             1024 => tracker::build::<1024>(config),

@@ -2,7 +2,7 @@
 //! core's [`PushPlan`] (posted vs never-posted edges, F3/F4, at most one notice per edge).
 
 use kvdrain::producer::{EdgeState, PlanError, PushPlan, Topology, TopologyError};
-use kvdrain::wire::Completion;
+use kvdrain::wire::Body;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
@@ -47,7 +47,7 @@ impl PyPushPlan {
     /// `(agent, PUSH_FAIL bytes)` for each owed notice whose consumer agent is known.
     fn owed<'py>(&self, py: Python<'py>) -> PyResult<Vec<(u16, Bound<'py, PyTuple>)>> {
         let id = self.request_id.bind(py).to_str()?;
-        let completion = Completion {
+        let completion = Body {
             request_id: id,
             tp_size: self.p_tp,
         };

@@ -294,7 +294,6 @@ def test_settings_are_kept() -> None:
 # -- settling (rule 8): a failure notice settles before its blocks are reused ---------- #
 
 
-@pytest.mark.xfail(strict=True, reason="core settling not merged")
 def test_failure_notice_settles_before_release() -> None:
     led = Ledger(16, settle_ms=100)
     led.register("r1", [1], ["p0", "p1"])
@@ -307,7 +306,6 @@ def test_failure_notice_settles_before_release() -> None:
     assert (d.kind, d.forced) == ("released", False)
 
 
-@pytest.mark.xfail(strict=True, reason="core settling not merged")
 def test_settling_counts_from_the_last_failure_notice() -> None:
     led = Ledger(16, settle_ms=100)
     led.register("r", None, 2)
@@ -319,7 +317,6 @@ def test_settling_counts_from_the_last_failure_notice() -> None:
     assert kinds(led.advance(150)) == [("released", "r")]
 
 
-@pytest.mark.xfail(strict=True, reason="core settling not merged")
 def test_a_settling_request_holds_its_slot() -> None:
     led = Ledger(1, settle_ms=100)
     led.register("r", None, 1)

@@ -227,7 +227,6 @@ def test_kv_groups_report_every_block() -> None:
     assert c.get_block_ids_with_load_errors() == {1, 2, 30, 31}
 
 
-@pytest.mark.xfail(strict=True, reason="core settling not merged")
 def test_failed_request_blocks_settle_before_they_are_freed() -> None:
     clock = FakeClock()
     c = PushConsumer(capacity=8, settle_ms=100, clock=clock)

@@ -74,6 +74,9 @@ impl Handles {
                 kvdrain_config_default(capacity, config.as_mut_ptr()),
                 "kvdrain_config_default",
             )?;
+            // As `bench ingest`: a failed request's blocks come back with its decision, so
+            // the stream can re-register it at once (settling is an advance-time cost).
+            (*config.as_mut_ptr()).settle_ms = 0;
             ok(
                 kvdrain_ledger_new(config.as_ptr(), &mut h.ledger),
                 "kvdrain_ledger_new",

@@ -177,7 +177,12 @@ fn kvdrain_pass<const N: usize, const E: usize>(w: &Workload<'_>) -> Pass {
         Mode::Counting => Expect::Count(edges as u8),
         Mode::Named => Expect::Edges(&agents[..edges]),
     };
-    let mut ledger: Ledger<N, E> = Ledger::new(Config::with_capacity(N));
+    // The timed loop has no clock (vLLM's path releases with the decision): a failed
+    // request's blocks come back at once and its id is registered again, as before rule 8.
+    let mut ledger: Ledger<N, E> = Ledger::new(Config {
+        settle_ms: 0,
+        ..Config::with_capacity(N)
+    });
     let mut refused = 0;
     for (i, id) in w.ids.iter().enumerate() {
         let registration = Registration {

@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, Config, Counting, Decision, Expect, IgnoreReason, Ledger,
-    Millis, Noticed, Outstanding, RegisterErrorKind, Registration, RequestKey,
+    AbortError, AgentId, BlockHandle, Config, Decision, Expect, IgnoreReason, Ledger, Millis,
+    Noticed, Outstanding, Pending, RegisterErrorKind, Registration, RequestKey,
 };
 
 use super::memory::BlockPool;
@@ -41,7 +41,7 @@ pub struct Consumer {
     /// Live registrations: ledger key → request.
     keys: BTreeMap<RequestKey, u64>,
     /// Tickets of requests still counting, for aborts.
-    tickets: BTreeMap<u64, Counting>,
+    tickets: BTreeMap<u64, Pending>,
     /// `(deadline, request)` of registrations not decided yet.
     undecided: BTreeSet<(Millis, u64)>,
     deadlines: BTreeMap<u64, Millis>,

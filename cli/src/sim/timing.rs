@@ -42,6 +42,10 @@ pub const DEADLINE: Millis = 1_000;
 pub const SHORT_DEADLINE: (Millis, Millis) = (5, 40);
 /// The consumer's quarantine.
 pub const QUARANTINE: Millis = 600;
+/// How long the consumer lets a failure notice settle before it releases the blocks
+/// (rule 8; the real default is 5 s). Longer than [`WRITE_MAX`], so it also covers a
+/// write that errored after posting and keeps landing until it is terminal.
+pub const SETTLE: Millis = 50;
 /// When a consumer abort comes, after the arrival.
 pub const ABORT_AFTER: (Millis, Millis) = (0, 60);
 /// When a producer abort comes, after the arrival.
@@ -54,3 +58,4 @@ pub const REDISCOVER_AFTER: Millis = 20;
 pub const DECODE: (Millis, Millis) = (5, 50);
 
 const _: () = assert!(QUARANTINE > REG_LATENCY + LEASE + WRITE_MAX);
+const _: () = assert!(SETTLE > WRITE_MAX);

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use kvdrain::producer::{PlanError, PushPlan};
-use kvdrain::wire::{self, Completion, Message};
+use kvdrain::wire::{self, Body, Message};
 use kvdrain::{AgentId, Config, Expect, IgnoreReason, Millis, Outstanding, RegisterErrorKind};
 
 use super::cluster::Cluster;
@@ -125,7 +125,7 @@ pub struct World {
 }
 
 fn completion_bytes(id: &str, tp: u16, failure: bool) -> Vec<u8> {
-    let c = Completion {
+    let c = Body {
         request_id: id,
         tp_size: tp,
     };
@@ -157,6 +157,7 @@ impl World {
             capacity: CAPACITY,
             deadline_ms: DEADLINE,
             quarantine_ms: QUARANTINE,
+            settle_ms: SETTLE,
             seed: rng.next_u64(),
         };
         let consumers = (0..cluster.d_tp)

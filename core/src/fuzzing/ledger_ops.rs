@@ -18,9 +18,10 @@ use arbitrary::{Arbitrary, Unstructured};
 use super::model::{
     MAbortError, MConfig, MDecision, MExpect, MIgnore, MNoticed, MOutstanding, MReject, Model,
 };
+use super::spec_parse::{SpecMessage, spec_parse};
 use crate::{
-    AbortError, AgentId, BlockHandle, Config, Counting, Decision, Expect, IgnoreReason, Ledger,
-    Noticed, Outstanding, Quarantined, RegisterErrorKind, Registration,
+    AbortError, AgentId, BlockHandle, Config, Decision, Expect, IgnoreReason, Ledger, Noticed,
+    Outstanding, Pending, Quarantined, RegisterErrorKind, Registration,
 };
 
 /// Slots of the fuzzed ledger (small, so full tables are easy to reach).
@@ -49,6 +50,7 @@ struct Setup {
     capacity: u8,
     deadline_ms: u8,
     quarantine_ms: u8,
+    settle_ms: u8,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -93,6 +95,8 @@ enum Op {
         ms: u16,
     },
     Poll,
+    /// `poll_decision` until it returns `None`.
+    Pull,
 }
 
 fn id(i: u8) -> &'static str {
@@ -168,7 +172,7 @@ pub fn ledger_ops(data: &[u8]) {
 fn alphabet_fits_tombstones() {
     static CHECKED: OnceLock<()> = OnceLock::new();
     CHECKED.get_or_init(|| {
-        let mut ledger: Ledger<N, E> = Ledger::new(config(N, 10, 0));
+        let mut ledger: Ledger<N, E> = Ledger::new(config(N, 10, 0, 0));
         for (i, id) in IDS.iter().enumerate() {
             let registration = Registration {
                 id,
@@ -191,11 +195,12 @@ fn alphabet_fits_tombstones() {
     });
 }
 
-fn config(capacity: usize, deadline_ms: u64, quarantine_ms: u64) -> Config {
+fn config(capacity: usize, deadline_ms: u64, quarantine_ms: u64, settle_ms: u64) -> Config {
     Config {
         capacity,
         deadline_ms,
         quarantine_ms,
+        settle_ms,
         ..Config::with_capacity(capacity)
     }
 }
@@ -217,15 +222,18 @@ struct Seen {
     terminal: Option<(Terminal, u64)>,
     /// `Some(forced)` once released.
     released: Option<bool>,
+    /// When the last failure notice that resolved one of its edges came (rule 8).
+    last_failure_notice: Option<u64>,
 }
 
 struct Harness {
     ledger: Ledger<N, E>,
     model: Model,
-    tickets: Vec<Option<Counting>>,
+    tickets: Vec<Option<Pending>>,
     seen: BTreeMap<u64, Seen>,
     deadline_ms: u64,
     quarantine_ms: u64,
+    settle_ms: u64,
     notices_counted: u64,
     notices_failed: u64,
     last_edges: u64,
@@ -279,18 +287,22 @@ impl Harness {
         let capacity = usize::from(setup.capacity % (N as u8 + 2));
         let deadline_ms = u64::from(setup.deadline_ms % 64);
         let quarantine_ms = u64::from(setup.quarantine_ms % 64);
+        // 0 (vLLM's behaviour) a quarter of the time.
+        let settle_ms = u64::from(setup.settle_ms % 64).saturating_sub(16);
         Harness {
-            ledger: Ledger::new(config(capacity, deadline_ms, quarantine_ms)),
+            ledger: Ledger::new(config(capacity, deadline_ms, quarantine_ms, settle_ms)),
             model: Model::new(MConfig {
                 capacity: capacity.min(N),
                 deadline_ms,
                 quarantine_ms,
+                settle_ms,
                 max_edges: E,
             }),
             tickets: Vec::new(),
             seen: BTreeMap::new(),
             deadline_ms,
             quarantine_ms,
+            settle_ms,
             notices_counted: 0,
             notices_failed: 0,
             last_edges: 0,
@@ -344,6 +356,7 @@ impl Harness {
             Op::Tick { ms } => self.advance(self.model.now() + u64::from(ms % 32)),
             Op::AdvanceTo { ms } => self.advance(u64::from(*ms % 1024)),
             Op::Poll => self.poll(),
+            Op::Pull => self.pull(),
         }
     }
 
@@ -377,6 +390,7 @@ impl Harness {
                         blocks,
                         terminal: None,
                         released: None,
+                        last_failure_notice: None,
                     },
                 );
                 self.tickets.push(Some(ticket));
@@ -402,6 +416,13 @@ impl Harness {
     fn notify(&mut self, agent: u16, message: &Message) {
         let bytes = message.bytes();
         let len_before = self.ledger.len();
+        // The request a failure notice would resolve an edge of, by the spec's parser.
+        let failing = match spec_parse(&bytes) {
+            SpecMessage::Notice {
+                id, failed: true, ..
+            } => self.model.key_of(&id),
+            _ => None,
+        };
         let real = self
             .ledger
             .handle_notification(AgentId(agent), &bytes)
@@ -416,6 +437,12 @@ impl Harness {
             Ok(n) => {
                 if bytes.starts_with(b"PUSH_FAIL:") {
                     self.notices_failed += 1;
+                    let key = failing.expect("an accepted failure notice names a tracked request");
+                    let now = self.model.now();
+                    self.seen
+                        .get_mut(&key)
+                        .expect("registered")
+                        .last_failure_notice = Some(now);
                 } else {
                     self.notices_counted += 1;
                 }
@@ -485,6 +512,16 @@ impl Harness {
         self.observe(&real);
     }
 
+    fn pull(&mut self) {
+        let mut real = Vec::new();
+        while let Some(d) = self.ledger.poll_decision() {
+            real.push(real_decision(d));
+        }
+        let model = self.model.poll();
+        assert_eq!(real, model, "poll_decision");
+        self.observe(&real);
+    }
+
     fn terminal(&mut self, key: u64, t: Terminal) {
         let now = self.model.now();
         let seen = self
@@ -506,17 +543,26 @@ impl Harness {
                 }
                 MDecision::Failed { key } => {
                     self.terminal(key, Terminal::Failed);
-                    // `released` follows at once.
+                    // `released` follows at once, unless a failure notice has not settled
+                    // yet (rule 8): then the request holds its slot until it has.
                     let released = MDecision::Released {
                         key,
                         blocks: self.seen[&key].blocks,
                         forced: false,
                     };
-                    assert_eq!(
-                        decisions.get(i + 1),
-                        Some(&released),
-                        "{key}: failed, then?"
-                    );
+                    let now = self.model.now();
+                    let settles = self.seen[&key]
+                        .last_failure_notice
+                        .is_some_and(|t| t.saturating_add(self.settle_ms) > now);
+                    if settles {
+                        assert!(self.model.is_settling(key), "{key}: failed, not settling");
+                    } else {
+                        assert_eq!(
+                            decisions.get(i + 1),
+                            Some(&released),
+                            "{key}: failed, then?"
+                        );
+                    }
                 }
                 MDecision::Expired { key, .. } => self.terminal(key, Terminal::Expired),
                 MDecision::Released {
@@ -536,6 +582,14 @@ impl Harness {
                     let Some((t, since)) = seen.terminal else {
                         panic!("{key}: released before any outcome");
                     };
+                    // Rule 8: an unforced release comes only after every failure notice
+                    // has settled.
+                    if let (false, Some(noticed)) = (forced, seen.last_failure_notice) {
+                        assert!(
+                            noticed.saturating_add(self.settle_ms) <= now,
+                            "{key}: released before its failure notice at {noticed} settled"
+                        );
+                    }
                     assert_ne!(t, Terminal::Completed, "{key}: released after completed");
                     if forced {
                         // Rule 1: forced only when the quarantine ran out.
@@ -641,5 +695,11 @@ impl Harness {
         assert_eq!(e.expired, expired, "expired {ctx}");
         assert_eq!(e.released, released, "released {ctx}");
         assert_eq!(e.released_forced, forced, "forced releases {ctx}");
+        assert_eq!(e.settling, self.model.settling() as u64, "settling {ctx}");
+        assert!(
+            e.settle_released <= e.settle_started
+                && e.settle_started <= e.failed + e.aborted + e.expired,
+            "settle counters {ctx}"
+        );
     }
 }

@@ -1,5 +1,5 @@
 //! The reference model for the `ledger_ops` differential target: the consumer-side rules of
-//! `spec/replay-trace.md` plus the crate's documented drive contract, written as plainly as
+//! `docs/replay-trace.md` plus the crate's documented drive contract, written as plainly as
 //! possible with std collections. It shares no code with the tracker (not even the message
 //! parser) and does no clever bookkeeping: every operation scans a `Vec` of live requests
 //! kept in registration order.
@@ -8,6 +8,11 @@
 //! was resolved by a notification is *decided* at once but its decision is handed out by
 //! the next `poll` (the ready queue). Until then it still holds its slot and its id, later
 //! notices and aborts for it are `late`, and its timers no longer matter.
+//!
+//! Rule 8 (settling): a failure notice that resolves an edge is remembered with the time
+//! of the last clock advance (the only clock there is); once every edge is resolved the
+//! request is decided but keeps its slot and its id until `settle_ms` after the last such
+//! notice — or, if aborted or expired, until its quarantine end if that comes first.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::string::{String, ToString};
@@ -99,6 +104,10 @@ struct Request {
     quarantine_end: u64,
     /// Every edge resolved by a notice; the decision waits for `poll`.
     ready: bool,
+    /// When the last failure notice that resolved one of its edges came.
+    last_failure_notice: Option<u64>,
+    /// Decided, waiting for its failure notices to settle until this time.
+    settle_end: Option<u64>,
 }
 
 impl Request {
@@ -124,23 +133,19 @@ impl Request {
         }
     }
 
-    /// The decisions of a request whose every edge is resolved.
-    fn drained_decisions(&self) -> Vec<MDecision> {
-        // Rule 1: nothing is released while an edge is outstanding.
-        assert!(self.all_resolved(), "decided with edges outstanding");
-        let released = MDecision::Released {
-            key: self.key,
-            blocks: self.blocks,
-            forced: false,
-        };
-        match self.phase {
-            Phase::Counting if !self.failed => std::vec![MDecision::Completed {
-                key: self.key,
-                blocks: self.blocks,
-            }],
-            Phase::Counting => std::vec![MDecision::Failed { key: self.key }, released],
-            Phase::Aborted | Phase::Expired => std::vec![released],
-        }
+    /// Decided and no longer waiting for anything but the clock.
+    fn decided(&self) -> bool {
+        self.ready || self.settle_end.is_some()
+    }
+
+    /// When a settling request's blocks come back: its settle end, or its quarantine end
+    /// if that is earlier.
+    fn settling_due(&self) -> Option<u64> {
+        let end = self.settle_end?;
+        Some(match self.phase {
+            Phase::Counting => end,
+            Phase::Aborted | Phase::Expired => end.min(self.quarantine_end),
+        })
     }
 }
 
@@ -161,6 +166,7 @@ pub(crate) struct MConfig {
     pub(crate) capacity: usize,
     pub(crate) deadline_ms: u64,
     pub(crate) quarantine_ms: u64,
+    pub(crate) settle_ms: u64,
     /// Most named edges a registration may list (`E`).
     pub(crate) max_edges: usize,
 }
@@ -209,6 +215,24 @@ impl Model {
         self.ready.contains(&key)
     }
 
+    /// Whether the request with this key is decided and waits for its failure notices to
+    /// settle.
+    pub(crate) fn is_settling(&self, key: u64) -> bool {
+        self.live
+            .iter()
+            .any(|r| r.key == key && r.settle_end.is_some())
+    }
+
+    /// Requests waiting to settle now.
+    pub(crate) fn settling(&self) -> usize {
+        self.live.iter().filter(|r| r.settle_end.is_some()).count()
+    }
+
+    /// The key of the tracked request with this id.
+    pub(crate) fn key_of(&self, id: &str) -> Option<u64> {
+        self.position(id).map(|at| self.live[at].key)
+    }
+
     /// Whether the request with this key is still in the table.
     pub(crate) fn is_tracked(&self, key: u64) -> bool {
         self.live.iter().any(|r| r.key == key)
@@ -219,9 +243,10 @@ impl Model {
         self.live
             .iter()
             .filter(|r| !r.ready)
-            .map(|r| match r.phase {
-                Phase::Counting => r.deadline,
-                Phase::Aborted | Phase::Expired => r.quarantine_end,
+            .map(|r| match (r.settling_due(), r.phase) {
+                (Some(due), _) => due,
+                (None, Phase::Counting) => r.deadline,
+                (None, Phase::Aborted | Phase::Expired) => r.quarantine_end,
             })
             .min()
     }
@@ -278,6 +303,8 @@ impl Model {
                 .saturating_add(deadline_ms.unwrap_or(self.config.deadline_ms)),
             quarantine_end: 0,
             ready: false,
+            last_failure_notice: None,
+            settle_end: None,
         });
         Ok(key)
     }
@@ -301,8 +328,9 @@ impl Model {
             };
             return Err((reason, Some(id)));
         };
+        let now = self.now;
         let request = &mut self.live[at];
-        if request.ready {
+        if request.decided() {
             return Err((MIgnore::Late, Some(id)));
         }
         match &mut request.owed {
@@ -314,6 +342,9 @@ impl Model {
             },
         }
         request.failed |= failed;
+        if failed {
+            request.last_failure_notice = Some(now);
+        }
         if request.all_resolved() {
             request.ready = true;
             self.ready.push_back(request.key);
@@ -326,7 +357,7 @@ impl Model {
     fn abort_at(&mut self, at: usize) -> Result<(u64, MOutstanding), MAbortError> {
         let quarantine_end = self.now.saturating_add(self.config.quarantine_ms);
         let request = &mut self.live[at];
-        if request.ready || request.phase != Phase::Counting {
+        if request.decided() || request.phase != Phase::Counting {
             return Err(MAbortError::Late);
         }
         request.phase = Phase::Aborted;
@@ -370,8 +401,8 @@ impl Model {
                 resolved += 1;
                 request.failed = true;
                 if request.all_resolved() {
-                    let request = self.retire(at);
-                    decisions.extend(request.drained_decisions());
+                    let stays = self.drain(at, &mut decisions);
+                    at += usize::from(stays);
                     continue;
                 }
             }
@@ -393,6 +424,20 @@ impl Model {
             let quarantine_ms = self.config.quarantine_ms;
             let request = &mut self.live[at];
             if request.ready {
+                at += 1;
+                continue;
+            }
+            if let (Some(due), Some(end)) = (request.settling_due(), request.settle_end) {
+                if due <= now {
+                    // The settle end wins a tie: forced only if the quarantine came first.
+                    let request = self.retire(at);
+                    decisions.push(MDecision::Released {
+                        key: request.key,
+                        blocks: request.blocks,
+                        forced: end > now,
+                    });
+                    continue;
+                }
                 at += 1;
                 continue;
             }
@@ -427,9 +472,45 @@ impl Model {
                 .iter()
                 .position(|r| r.key == key)
                 .expect("a ready request stays tracked until polled");
-            let request = self.retire(at);
-            decisions.extend(request.drained_decisions());
+            self.live[at].ready = false;
+            let _stays = self.drain(at, &mut decisions);
         }
         decisions
+    }
+
+    /// The decisions of the request at `at`, whose every edge is resolved: its outcome
+    /// (unless aborted or expired), then its release now, or none yet if a failure notice
+    /// has not settled (it then stays, settling). Returns whether it stays in the table.
+    fn drain(&mut self, at: usize, decisions: &mut Vec<MDecision>) -> bool {
+        let now = self.now;
+        let settle_ms = self.config.settle_ms;
+        let request = &mut self.live[at];
+        // Rule 1: nothing is released while an edge is outstanding.
+        assert!(request.all_resolved(), "decided with edges outstanding");
+        let (key, blocks) = (request.key, request.blocks);
+        match request.phase {
+            Phase::Counting if !request.failed => {
+                self.retire(at);
+                decisions.push(MDecision::Completed { key, blocks });
+                return false;
+            }
+            Phase::Counting => decisions.push(MDecision::Failed { key }),
+            Phase::Aborted | Phase::Expired => {}
+        }
+        let settle_end = request
+            .last_failure_notice
+            .map_or(0, |t| t.saturating_add(settle_ms));
+        let quarantine_over = request.phase != Phase::Counting && request.quarantine_end <= now;
+        if settle_end <= now || quarantine_over {
+            self.retire(at);
+            decisions.push(MDecision::Released {
+                key,
+                blocks,
+                forced: settle_end > now,
+            });
+            return false;
+        }
+        request.settle_end = Some(settle_end);
+        true
     }
 }

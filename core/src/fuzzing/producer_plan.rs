@@ -412,7 +412,26 @@ fn deliver(t: &Topology, expect: Expect<'_>, notices: &[(AgentId, bool)]) -> &'s
     match decisions.as_slice() {
         [] => "none",
         [Decision::Completed(_)] => "completed",
-        [Decision::Failed(_), Decision::Released(r)] if !r.forced() => "failed",
+        // A failure notice settles (rule 8) before the blocks come back, at the default
+        // settle end (every notice came at 0).
+        [Decision::Failed(_)] if notices.iter().any(|&(_, failed)| failed) => {
+            let settle_ms = Config::with_capacity(2).settle_ms;
+            let mut released = Vec::new();
+            ledger
+                .advance(settle_ms - 1, |d| released.push(d))
+                .expect("clock");
+            assert!(
+                released.is_empty(),
+                "released before settling: {released:?}"
+            );
+            ledger
+                .advance(settle_ms, |d| released.push(d))
+                .expect("clock");
+            match released.as_slice() {
+                [Decision::Released(r)] if !r.forced() => "failed",
+                other => panic!("unexpected settle-end decisions {other:?}"),
+            }
+        }
         other => panic!("unexpected decisions {other:?}"),
     }
 }

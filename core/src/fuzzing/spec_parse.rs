@@ -1,4 +1,4 @@
-//! The message rules of `spec/replay-trace.md` ("Message bytes"), written out again in the
+//! The message rules of `docs/replay-trace.md` ("Message bytes"), written out again in the
 //! plainest way, for the reference model and the `wire` differential check. It shares no
 //! code with [`crate::wire`].
 

@@ -11,7 +11,7 @@ use std::vec::Vec;
 use arbitrary::{Arbitrary, Unstructured};
 
 use super::spec_parse::{SpecMessage, spec_parse};
-use crate::wire::{Completion, EncodeError, Message, encode_heartbeat, encode_registration, parse};
+use crate::wire::{Body, EncodeError, Message, encode_heartbeat, encode_registration, parse};
 
 /// Runs one fuzz input.
 pub fn wire(data: &[u8]) {
@@ -91,7 +91,7 @@ fn fields_round_trip(data: &[u8]) {
     let (Ok(id), Ok(tp)) = (<&str>::arbitrary(&mut u), u16::arbitrary(&mut u)) else {
         return;
     };
-    let c = Completion {
+    let c = Body {
         request_id: id,
         tp_size: tp,
     };
@@ -135,7 +135,7 @@ fn fields_round_trip(data: &[u8]) {
     }
 }
 
-fn refused_for_a_reason(c: &Completion<'_>, e: EncodeError) {
+fn refused_for_a_reason(c: &Body<'_>, e: EncodeError) {
     match e {
         EncodeError::EmptyRequestId => assert!(c.request_id.is_empty()),
         EncodeError::ZeroTpSize => assert_eq!(c.tp_size, 0),

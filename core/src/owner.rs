@@ -1,0 +1,94 @@
+//! The engine thread's own tables: everything only the owner of a [`Ledger`](crate::Ledger)
+//! touches (configuration, clock, free list, per-request records, timers, tombstone ages,
+//! counters). [`Engine`](crate::Engine) borrows it mutably; the ingest thread never sees it.
+
+use crate::Millis;
+use crate::config::Config;
+use crate::counters::EngineCounters;
+use crate::fingerprint::Fingerprint;
+use crate::ticket::Decision;
+use crate::timers::Timers;
+use crate::tombstones::TombstoneAges;
+
+/// Owner-only facts about a slot's request.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Request {
+    pub(crate) key: u64,
+    pub(crate) blocks: u64,
+    pub(crate) generation: u32,
+    /// While counting, the deadline; while settling, the settle end (rule 8: the last
+    /// failure notice's time plus `settle_ms`). Nothing else needs it in between.
+    pub(crate) due: Millis,
+    pub(crate) bucket: u32,
+    pub(crate) fp: Fingerprint,
+    pub(crate) live: bool,
+    /// Decided, every edge resolved, waiting for its failure notices to settle: the timer
+    /// fires at the settle end (or the quarantine end, if earlier) and releases.
+    pub(crate) settling: bool,
+}
+
+pub(crate) const VACANT: Request = Request {
+    key: 0,
+    blocks: 0,
+    generation: 0,
+    due: 0,
+    bucket: 0,
+    fp: Fingerprint { lo: 0, hi: 0 },
+    live: false,
+    settling: false,
+};
+
+/// Everything only the engine thread touches.
+#[derive(Debug)]
+pub(crate) struct Owner<const N: usize> {
+    pub(crate) config: Config,
+    pub(crate) now: Millis,
+    pub(crate) next_key: u64,
+    pub(crate) live: usize,
+    pub(crate) free: [u32; N],
+    pub(crate) free_len: usize,
+    pub(crate) requests: [Request; N],
+    pub(crate) timers: Timers<N>,
+    pub(crate) ages: TombstoneAges<N>,
+    /// Slots touched by one clock advance or fence, sorted into registration order.
+    pub(crate) batch: [u32; N],
+    pub(crate) counters: EngineCounters,
+    /// The second decision of a request that [`Engine::poll_decision`] decided (`Released`
+    /// after `Failed`), handed out by the next pull.
+    pub(crate) pending: Option<Decision>,
+}
+
+impl<const N: usize> Owner<N> {
+    pub(crate) fn new(config: Config) -> Self {
+        Owner {
+            config,
+            now: 0,
+            next_key: 0,
+            live: 0,
+            // Popped from the end: slot 0 first.
+            free: core::array::from_fn(|i| (N - 1 - i) as u32),
+            free_len: N,
+            requests: [VACANT; N],
+            timers: Timers::new(),
+            ages: TombstoneAges::new(),
+            batch: [0; N],
+            counters: EngineCounters::default(),
+            pending: None,
+        }
+    }
+    pub(crate) fn now(&self) -> Millis {
+        self.now
+    }
+    pub(crate) fn live(&self) -> usize {
+        self.live
+    }
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+    pub(crate) fn counters(&self) -> &EngineCounters {
+        &self.counters
+    }
+    pub(crate) fn next_timer(&self) -> Option<Millis> {
+        self.timers.next_due()
+    }
+}
