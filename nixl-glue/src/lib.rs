@@ -24,14 +24,13 @@
 pub mod agent;
 pub mod consumer;
 pub mod descriptors;
-pub mod directory;
 pub mod handshake;
 pub mod loader;
 pub mod metrics;
 pub mod pool;
 pub mod producer;
-pub mod registration;
 pub mod testbed;
 
+pub use kvdrain_driver::{directory, registration};
 pub use loader::{NixlLoadError, ensure_nixl};
 pub use nixl_sys;
