@@ -543,6 +543,11 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         (self.config.lease_ms / 6).max(1)
     }
 
+    /// Decisions queued and not yet taken.
+    pub fn pending_events(&self) -> usize {
+        self.events.len()
+    }
+
     /// The next decision for the engine.
     pub fn poll_event(&mut self) -> Option<ConsumerEvent> {
         self.events.pop_front()

@@ -197,8 +197,10 @@ fn pr50754_scenarios_ten_times_each_then_a_healthy_request() {
             for p in &mut tb.p.pushers {
                 p.offer(kvdrain_nixl::producer::Offer {
                     request_id: pid.clone(),
+                    transfer_id: None,
                     block_ids: block_ids(0),
-                });
+                })
+                .expect("offer");
             }
             clear_d_blocks(&tb, 0);
             tb.d.consumer

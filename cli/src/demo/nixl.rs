@@ -181,10 +181,15 @@ pub fn run(o: &Options) -> Result<Summary, String> {
                 }
             }
             for p in &mut tb.p.pushers {
-                p.offer(Offer {
+                let offered = p.offer(Offer {
                     request_id: pid.clone(),
+                    transfer_id: None,
                     block_ids: block_ids(o, slot),
                 });
+                if let Err(e) = offered {
+                    stopped = Some(format!("offer refused: {e}"));
+                    break 'run;
+                }
             }
             let registered = tb.d.consumer.register(PushRequest {
                 id: &did,
