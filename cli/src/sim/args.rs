@@ -6,7 +6,7 @@ use super::{Broken, SimConfig};
 /// The usage line.
 pub const USAGE: &str = "usage: kvdrain sim --seed S --requests N \
 [--p-tp A --p-pp B --d-tp C | --random-topology] \
-[--broken release-on-abort|duplicate-counting]";
+[--late-landing] [--broken release-on-abort|duplicate-counting|no-settle]";
 
 fn number<T: std::str::FromStr>(flag: &str, value: Option<&String>) -> Result<T, String> {
     let value = value.ok_or_else(|| format!("{flag} needs a value"))?;
@@ -25,6 +25,7 @@ pub fn parse(args: &[String]) -> Result<SimConfig, String> {
     let (mut p_tp, mut p_pp, mut d_tp) = (None, None, None);
     let mut random = false;
     let mut broken = None;
+    let mut late_landing = false;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         match flag.as_str() {
@@ -34,9 +35,11 @@ pub fn parse(args: &[String]) -> Result<SimConfig, String> {
             "--p-pp" => p_pp = Some(number(flag, it.next())?),
             "--d-tp" => d_tp = Some(number(flag, it.next())?),
             "--random-topology" => random = true,
+            "--late-landing" => late_landing = true,
             "--broken" => match it.next().map(String::as_str) {
                 Some("release-on-abort") => broken = Some(Broken::ReleaseOnAbort),
                 Some("duplicate-counting") => broken = Some(Broken::DuplicateCounting),
+                Some("no-settle") => broken = Some(Broken::NoSettle),
                 other => return Err(format!("--broken: unknown variant {other:?}")),
             },
             other => return Err(format!("unknown argument {other:?}")),
@@ -52,13 +55,18 @@ pub fn parse(args: &[String]) -> Result<SimConfig, String> {
             d_tp: d_tp.unwrap_or(1),
         },
     };
-    Ok(SimConfig {
-        seed: seed.ok_or("--seed is required")?,
-        requests: requests.ok_or("--requests is required")?,
+    let mut config = SimConfig::new(
+        seed.ok_or("--seed is required")?,
+        requests.ok_or("--requests is required")?,
         shape,
-        broken,
-        rates: super::Rates::default(),
-    })
+    );
+    if late_landing {
+        config = config.with_late_landing();
+    }
+    if let Some(broken) = broken {
+        config = config.with_broken(broken);
+    }
+    Ok(config)
 }
 
 #[cfg(test)]
@@ -85,5 +93,12 @@ mod tests {
         assert!(parse(&args("--seed 1 --requests 1 --random-topology --p-tp 2")).is_err());
         assert!(parse(&args("--seed 1 --requests x")).is_err());
         assert!(parse(&args("--seed 1 --requests 1 --broken nope")).is_err());
+        let c = parse(&args("--seed 1 --requests 1 --late-landing")).unwrap();
+        assert_eq!(
+            (c.rates.late_landing, c.settle_ms),
+            (500_000, super::super::timing::SETTLE)
+        );
+        let c = parse(&args("--seed 1 --requests 1 --broken no-settle")).unwrap();
+        assert_eq!((c.rates.late_landing, c.settle_ms), (1_000_000, 0));
     }
 }

@@ -54,6 +54,10 @@ pub struct Rates {
     pub producer_death: u32,
     /// The transport notices the death and fences the dead agent.
     pub fenced: u32,
+    /// A failed WRITE keeps landing for up to `LATE_LANDING` ms after its error, per failed
+    /// WRITE. Off by default until the core settles failure notices (`settle_ms`):
+    /// `kvdrain sim --late-landing` turns it on.
+    pub late_landing: u32,
 }
 
 impl Default for Rates {
@@ -82,6 +86,7 @@ impl Default for Rates {
             duplicate_registration: 2_000,
             producer_death: 300,
             fenced: 600_000,
+            late_landing: 0,
         }
     }
 }
@@ -133,11 +138,13 @@ pub struct Faults {
     pub table_full: u64,
     /// Second registrations of a tracked id.
     pub duplicate_registration: u64,
+    /// Failed WRITEs that kept landing after their error.
+    pub late_landing: u64,
 }
 
 impl Faults {
     /// `(name, count)` for every class, in output order.
-    pub fn entries(&self) -> [(&'static str, u64); 22] {
+    pub fn entries(&self) -> [(&'static str, u64); 23] {
         [
             ("post_failed", self.post_failed),
             ("loop_unwound", self.loop_unwound),
@@ -164,6 +171,7 @@ impl Faults {
             ("notice_lost", self.notice_lost),
             ("table_full", self.table_full),
             ("duplicate_registration", self.duplicate_registration),
+            ("late_landing", self.late_landing),
         ]
     }
 

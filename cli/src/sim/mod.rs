@@ -17,8 +17,11 @@
 //! The run ends with one JSON line (`{"requests":N,"violations":0,"faults":{…},
 //! "decisions":{…},…}`); any violation is printed with its step, and the command exits
 //! non-zero. `--broken release-on-abort` swaps in a deliberately wrong consumer that
-//! frees blocks at the abort, and `--broken duplicate-counting` repeats notices to
-//! counting-mode requests, to show the checks can fail.
+//! frees blocks at the abort, `--broken duplicate-counting` repeats notices to
+//! counting-mode requests, and `--broken no-settle` releases at a failure notice while
+//! every failed WRITE keeps landing, to show the checks can fail. `--late-landing` turns on
+//! the late-landing fault (failed WRITEs land up to `timing::LATE_LANDING` ms after their
+//! error), which the consumers' settling (`settle_ms`) must absorb.
 
 mod args;
 pub mod cluster;
@@ -49,6 +52,9 @@ pub enum Broken {
     /// which cannot tell a repeat from a sibling's notice, complete while a WRITE is still
     /// in flight (spec rule 6; the reason named-edge mode exists).
     DuplicateCounting,
+    /// No settling (`settle_ms = 0`, vLLM's behaviour) while every failed WRITE keeps
+    /// landing after its error: blocks are released while bytes still land.
+    NoSettle,
 }
 
 /// What to simulate.
@@ -64,6 +70,8 @@ pub struct SimConfig {
     pub broken: Option<Broken>,
     /// Fault injection rates.
     pub rates: Rates,
+    /// The consumers' settling after a failure notice, in virtual ms.
+    pub settle_ms: u64,
 }
 
 impl SimConfig {
@@ -75,7 +83,24 @@ impl SimConfig {
             shape,
             broken: None,
             rates: Rates::default(),
+            settle_ms: timing::SETTLE,
         }
+    }
+
+    /// Turns the late-landing fault on (every other failed WRITE keeps landing).
+    pub fn with_late_landing(mut self) -> Self {
+        self.rates.late_landing = 500_000;
+        self
+    }
+
+    /// Swaps in a broken variant (and what it needs to show).
+    pub fn with_broken(mut self, broken: Broken) -> Self {
+        self.broken = Some(broken);
+        if broken == Broken::NoSettle {
+            self.settle_ms = 0;
+            self.rates.late_landing = 1_000_000;
+        }
+        self
     }
 }
 

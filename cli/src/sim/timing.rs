@@ -50,7 +50,15 @@ pub const PRODUCER_ABORT_AFTER: (Millis, Millis) = (0, 40);
 pub const FENCE_AFTER: (Millis, Millis) = (1, 20);
 /// From an unfenced death to the replacement agent being known.
 pub const REDISCOVER_AFTER: Millis = 20;
+/// An errored WRITE keeps landing for up to this long after its producer saw the error
+/// (the late-landing fault; measured over UCX TCP: up to 0.8 s for 256 MiB, issue 9).
+pub const LATE_LANDING: Millis = 50;
+/// The consumer's settling after a failure notice (`Config::settle_ms`); it must exceed
+/// [`LATE_LANDING`] plus a notice's flight for the late-landing fault to be harmless.
+pub const SETTLE: Millis = 100;
+
 /// Decoding a completed request before its blocks go back.
 pub const DECODE: (Millis, Millis) = (5, 50);
 
 const _: () = assert!(QUARANTINE > REG_LATENCY + LEASE + WRITE_MAX);
+const _: () = assert!(SETTLE > LATE_LANDING + NOTIFY_LATENCY + REORDER.1);

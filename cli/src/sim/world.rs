@@ -92,6 +92,12 @@ enum Event {
     Rediscover { rank: usize },
     /// Decoding ends: the blocks of a completed request go back.
     DecodeDone { req: u64, d: usize },
+    /// The last bytes of an errored WRITE land, after its producer saw the error.
+    LateLanding {
+        req: u64,
+        d: usize,
+        blocks: Vec<u32>,
+    },
 }
 
 /// A notification to send from a producer.
@@ -158,6 +164,7 @@ impl World {
             deadline_ms: DEADLINE,
             quarantine_ms: QUARANTINE,
             seed: rng.next_u64(),
+            // MERGE(settle_ms): once `Config` has the field, add `settle_ms: config.settle_ms,`
         };
         let consumers = (0..cluster.d_tp)
             .map(|_| Consumer::new(tracker, BLOCKS))
@@ -283,6 +290,11 @@ impl World {
             Event::Fence { rank, agent } => self.fence(rank, agent),
             Event::Rediscover { rank } => self.cluster.restart(rank),
             Event::DecodeDone { req, d } => self.decode_done(req, d),
+            Event::LateLanding { req, d, blocks } => {
+                let pool = &mut self.consumers[d].pool;
+                pool.write_lands(&blocks, req, &mut self.breaches);
+                pool.write_ended(&blocks);
+            }
         }
     }
 
@@ -833,13 +845,27 @@ impl World {
         self.settle(w.req, w.rank);
     }
 
-    /// A WRITE is terminal: all of it landed (`whole`), or part of it may have.
+    /// A WRITE is terminal for its producer: all of it landed (`whole`), or part of it may
+    /// have — and an errored one may keep landing for up to [`LATE_LANDING`] ms (the
+    /// late-landing fault: TCP socket buffers drained after the error, issue 9).
     fn end_write(&mut self, w: &Write, whole: bool) {
+        let late = !whole && self.rng.chance(self.rates.late_landing);
         let pool = &mut self.consumers[w.d].pool;
         if whole || self.rng.chance(self.rates.partial_data) {
             pool.write_lands(&w.blocks, w.req, &mut self.breaches);
         }
-        pool.write_ended(&w.blocks);
+        if late {
+            self.faults.late_landing += 1;
+            let at = self.now + self.rng.between(1, LATE_LANDING);
+            let event = Event::LateLanding {
+                req: w.req,
+                d: w.d,
+                blocks: w.blocks.clone(),
+            };
+            self.agenda.push(at, event);
+        } else {
+            pool.write_ended(&w.blocks);
+        }
         if let Some(request) = self.requests.get_mut(&w.req) {
             request.ranks[w.d].in_flight -= 1;
             if let Some(edge) = request.edge_mut(w.d, w.rank) {
