@@ -29,8 +29,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use kvdrain::producer::{Topology, TopologyError};
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, Config, Counting, Decision, Expect, Ignored, Ledger, Noticed,
-    Outstanding, Quarantined, RegisterErrorKind, Registration, RequestKey,
+    AbortError, AgentId, BlockHandle, Config, Counting, Decision, Engine, Expect, Ignored, Ingest,
+    Ledger, Noticed, Outstanding, Quarantined, RegisterErrorKind, Registration, RequestKey,
 };
 
 use crate::directory::{AgentDirectory, DirectoryFull};
@@ -244,13 +244,10 @@ struct InFlight {
     ticket: Option<Counting>,
 }
 
-/// The consumer driver of one D rank. `N`: requests tracked at once (a power of two); `E`:
-/// named producers per request.
+/// What the engine half keeps between calls.
 #[derive(Debug)]
-pub struct ConsumerDriver<const N: usize, const E: usize = 8> {
+struct EngineState {
     config: ConsumerConfig,
-    ledger: Box<Ledger<N, E>>,
-    directory: AgentDirectory,
     engines: HashMap<String, ProducerEngine>,
     inflight: HashMap<RequestKey, InFlight>,
     by_id: HashMap<String, RequestKey>,
@@ -261,7 +258,63 @@ pub struct ConsumerDriver<const N: usize, const E: usize = 8> {
     counters: ConsumerCounters,
     events: VecDeque<ConsumerEvent>,
     scratch: Vec<Decision>,
+}
+
+/// What the ingest half counts.
+#[derive(Debug, Default)]
+struct IngestState {
+    notifications: u64,
+    from_strangers: u64,
+}
+
+/// The consumer driver of one D rank. `N`: requests tracked at once (a power of two); `E`:
+/// named producers per request.
+///
+/// On one thread, call [`poll`](Self::poll) (or [`ingest`](Self::ingest) per notification)
+/// and the engine methods. On two, [`split`](Self::split) it after adding the producer
+/// engines: the [`ConsumerIngest`] half feeds notifications from the thread that drains
+/// them, lock-free, and the [`ConsumerEngine`] half does everything else on the engine
+/// thread (the core's `Ledger::split`).
+#[derive(Debug)]
+pub struct ConsumerDriver<const N: usize, const E: usize = 8> {
+    ledger: Box<Ledger<N, E>>,
+    directory: AgentDirectory,
+    ingest: IngestState,
+    state: EngineState,
     inbox: Vec<Notification>,
+}
+
+/// The ingest half of a split [`ConsumerDriver`]: `Send`, one per driver.
+#[derive(Debug)]
+pub struct ConsumerIngest<'a, const N: usize, const E: usize> {
+    ingest: Ingest<'a, N, E>,
+    directory: &'a AgentDirectory,
+    state: &'a mut IngestState,
+}
+
+/// The engine half of a split [`ConsumerDriver`]: registration, aborts, fences, clock,
+/// heartbeats, decisions.
+#[derive(Debug)]
+pub struct ConsumerEngine<'a, const N: usize, const E: usize> {
+    engine: Engine<'a, N, E>,
+    directory: &'a AgentDirectory,
+    state: &'a mut EngineState,
+}
+
+impl<const N: usize, const E: usize> ConsumerIngest<'_, N, E> {
+    /// One notification from `sender`, into the core. [`Noticed::Decided`]: a decision
+    /// waits for the engine half's [`take_ready`](ConsumerEngine::take_ready).
+    ///
+    /// # Errors
+    /// The core's [`Ignored`] report for input that changed nothing.
+    pub fn ingest<'m>(&mut self, sender: &str, bytes: &'m [u8]) -> Result<Noticed, Ignored<'m>> {
+        self.state.notifications += 1;
+        let id = self.directory.id_or_stranger(sender);
+        if id == AgentDirectory::STRANGER {
+            self.state.from_strangers += 1;
+        }
+        self.ingest.handle_notification(id, bytes)
+    }
 }
 
 impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
@@ -269,25 +322,50 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     pub fn new(config: ConsumerConfig) -> Self {
         ConsumerDriver {
             ledger: Box::new(Ledger::new(config.ledger)),
-            config,
             directory: AgentDirectory::default(),
-            engines: HashMap::new(),
-            inflight: HashMap::with_capacity(N),
-            by_id: HashMap::with_capacity(N),
-            disconnected: HashSet::new(),
-            to_fence: Vec::new(),
-            last_heartbeat_ms: 0,
-            now: 0,
-            counters: ConsumerCounters::default(),
-            events: VecDeque::with_capacity(N),
-            scratch: Vec::with_capacity(N),
+            ingest: IngestState::default(),
+            state: EngineState {
+                config,
+                engines: HashMap::new(),
+                inflight: HashMap::with_capacity(N),
+                by_id: HashMap::with_capacity(N),
+                disconnected: HashSet::new(),
+                to_fence: Vec::new(),
+                last_heartbeat_ms: 0,
+                now: 0,
+                counters: ConsumerCounters::default(),
+                events: VecDeque::with_capacity(N),
+                scratch: Vec::with_capacity(N),
+            },
             inbox: Vec::new(),
         }
     }
 
+    /// The two halves, for an ingest thread and an engine thread. Both borrow the driver:
+    /// run them under `std::thread::scope`. Add producer engines before splitting.
+    pub fn split(&mut self) -> (ConsumerIngest<'_, N, E>, ConsumerEngine<'_, N, E>) {
+        let (ingest, engine) = self.ledger.split();
+        (
+            ConsumerIngest {
+                ingest,
+                directory: &self.directory,
+                state: &mut self.ingest,
+            },
+            ConsumerEngine {
+                engine,
+                directory: &self.directory,
+                state: &mut self.state,
+            },
+        )
+    }
+
+    fn engine(&mut self) -> ConsumerEngine<'_, N, E> {
+        self.split().1
+    }
+
     /// The configuration.
     pub fn config(&self) -> &ConsumerConfig {
-        &self.config
+        &self.state.config
     }
 
     /// Names the agents of a producer engine (loaded by the transport) and remembers the
@@ -301,10 +379,10 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     ) -> Result<&ProducerEngine, ConsumerError> {
         for name in &engine.agents {
             self.directory.intern(name)?;
-            self.disconnected.remove(name);
+            self.state.disconnected.remove(name);
         }
         let id = engine.engine_id.clone();
-        Ok(self.engines.entry(id).insert_entry(engine).into_mut())
+        Ok(self.state.engines.entry(id).insert_entry(engine).into_mut())
     }
 
     /// The directory of producer agents.
@@ -312,6 +390,116 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         &self.directory
     }
 
+    /// [`ConsumerEngine::register`] on one thread.
+    ///
+    /// # Errors
+    /// As [`ConsumerEngine::register`].
+    pub fn register<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        request: PushRequest<'_>,
+        now_ms: u64,
+    ) -> Result<Registered, ConsumerError> {
+        self.engine().register(transport, request, now_ms)
+    }
+
+    /// [`ConsumerEngine::abort`] on one thread.
+    ///
+    /// # Errors
+    /// As [`ConsumerEngine::abort`].
+    pub fn abort(&mut self, id: &str) -> Result<Quarantined, AbortError> {
+        self.engine().abort(id)
+    }
+
+    /// [`ConsumerEngine::fence_producer`] on one thread.
+    pub fn fence_producer(&mut self, name: &str) -> u32 {
+        self.engine().fence_producer(name)
+    }
+
+    /// One notification from `sender`: into the core; a decision it made is queued at
+    /// once (the per-notice step of [`poll`](Self::poll)).
+    ///
+    /// # Errors
+    /// The core's [`Ignored`] report for input that changed nothing.
+    pub fn ingest<'m>(&mut self, sender: &str, bytes: &'m [u8]) -> Result<Noticed, Ignored<'m>> {
+        let (mut ingest, mut engine) = self.split();
+        let noticed = ingest.ingest(sender, bytes);
+        if let Ok(Noticed::Decided) = noticed {
+            engine.take_ready();
+        }
+        noticed
+    }
+
+    /// One round at monotonic time `now_ms` on one thread: notifications (deciding at
+    /// once), then [`ConsumerEngine::poll`].
+    ///
+    /// # Errors
+    /// [`DrainError`] if draining notifications failed (the rest of the round still ran).
+    pub fn poll<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        now_ms: u64,
+    ) -> Result<PollReport, DrainError> {
+        let before = self.state.events.len();
+        let mut inbox = std::mem::take(&mut self.inbox);
+        inbox.clear();
+        let drained = transport.drain_notifications(&mut inbox);
+        for (sender, bytes) in &inbox {
+            // Ignored input is counted by the core.
+            let _ = self.ingest(sender, bytes);
+        }
+        let notifications = inbox.len();
+        inbox.clear();
+        self.inbox = inbox;
+        self.engine().poll(transport, now_ms);
+        let report = PollReport {
+            notifications,
+            decisions: self.state.events.len() - before,
+        };
+        drained.map(|()| report)
+    }
+
+    /// [`ConsumerEngine::advance`] on one thread.
+    pub fn advance(&mut self, now_ms: u64) {
+        self.engine().advance(now_ms);
+    }
+
+    /// `lease_ms / 6` (vLLM), at least 1 ms.
+    pub fn heartbeat_interval_ms(&self) -> u64 {
+        (self.state.config.lease_ms / 6).max(1)
+    }
+
+    /// Decisions queued and not yet taken.
+    pub fn pending_events(&self) -> usize {
+        self.state.events.len()
+    }
+
+    /// The next decision for the engine.
+    pub fn poll_event(&mut self) -> Option<ConsumerEvent> {
+        self.state.events.pop_front()
+    }
+
+    /// Requests registered and not yet released (quarantined ones included).
+    pub fn in_flight(&self) -> usize {
+        self.state.inflight.len()
+    }
+
+    /// The core's counters.
+    pub fn core_counters(&self) -> kvdrain::Counters {
+        self.ledger.counters()
+    }
+
+    /// The driver's counters (both halves).
+    pub fn counters(&self) -> ConsumerCounters {
+        ConsumerCounters {
+            notifications: self.ingest.notifications,
+            from_strangers: self.ingest.from_strangers,
+            ..self.state.counters
+        }
+    }
+}
+
+impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     /// Tracks `request` in the core, then sends `PUSH_REG` to every agent of its producer
     /// engine.
     ///
@@ -324,8 +512,9 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         request: PushRequest<'_>,
         now_ms: u64,
     ) -> Result<Registered, ConsumerError> {
-        self.now = self.now.max(now_ms);
-        let Some(engine) = self.engines.get(request.producer_engine) else {
+        let st = &mut *self.state;
+        st.now = st.now.max(now_ms);
+        let Some(engine) = st.engines.get(request.producer_engine) else {
             return Err(ConsumerError::UnknownEngine(
                 request.producer_engine.to_owned(),
             ));
@@ -333,17 +522,17 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         let topology = Topology {
             p_tp: engine.tp_size,
             p_pp: engine.pp_size,
-            d_tp: self.config.tp_size,
+            d_tp: st.config.tp_size,
             mla: engine.mla,
         };
         let topology_error = |source| ConsumerError::Topology {
             engine: engine.engine_id.clone(),
-            rank: self.config.tp_rank,
+            rank: st.config.tp_rank,
             source,
         };
         topology.validate().map_err(topology_error)?;
         let producers: Vec<String> = topology
-            .producers_of(self.config.tp_rank)
+            .producers_of(st.config.tp_rank)
             .filter_map(|(stage, tp)| {
                 let i = usize::from(stage) * usize::from(engine.tp_size) + usize::from(tp);
                 engine.agents.get(i).cloned()
@@ -367,7 +556,7 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
             Expect::Count(u8::try_from(expected).unwrap_or(u8::MAX))
         };
         let ticket = self
-            .ledger
+            .engine
             .register(Registration {
                 id: request.id,
                 blocks: request.blocks,
@@ -382,10 +571,10 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         let key = ticket.key();
         let registration = PushRegistration {
             request_id: request.id.to_owned(),
-            decode_engine_id: self.config.engine_id.clone(),
-            decode_host: self.config.host.clone(),
-            decode_port: self.config.port,
-            decode_tp_size: self.config.tp_size,
+            decode_engine_id: st.config.engine_id.clone(),
+            decode_host: st.config.host.clone(),
+            decode_port: st.config.port,
+            decode_tp_size: st.config.tp_size,
             local_block_ids: request.block_ids,
             remote_engine_id: engine.engine_id.clone(),
             remote_host: engine.host.clone(),
@@ -396,8 +585,8 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         }
         .to_notification();
         let agents = engine.agents.clone();
-        self.by_id.insert(request.id.to_owned(), key);
-        self.inflight.insert(
+        st.by_id.insert(request.id.to_owned(), key);
+        st.inflight.insert(
             key,
             InFlight {
                 request: PushedRequest {
@@ -406,7 +595,7 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
                     producer_engine: request.producer_engine.to_owned(),
                     remote_request_id: request.remote_request_id.to_owned(),
                     producers,
-                    registered_at_ms: self.now,
+                    registered_at_ms: st.now,
                 },
                 heartbeat: true,
                 ticket: Some(ticket),
@@ -415,9 +604,9 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         let mut unreached = Vec::new();
         for agent in agents {
             if self.send(transport, &agent, &registration) {
-                self.counters.registrations_sent += 1;
+                self.state.counters.registrations_sent += 1;
             } else {
-                self.counters.registrations_failed += 1;
+                self.state.counters.registrations_failed += 1;
                 unreached.push(agent);
             }
         }
@@ -430,15 +619,16 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     /// # Errors
     /// [`AbortError`] if the request is unknown or already decided.
     pub fn abort(&mut self, id: &str) -> Result<Quarantined, AbortError> {
-        let key = self.by_id.get(id).copied();
+        let st = &mut *self.state;
+        let key = st.by_id.get(id).copied();
         let ticket = key
-            .and_then(|k| self.inflight.get_mut(&k))
+            .and_then(|k| st.inflight.get_mut(&k))
             .and_then(|f| f.ticket.take());
         let result = match ticket {
-            Some(t) => self.ledger.abort(t),
-            None => self.ledger.abort_id(id),
+            Some(t) => self.engine.abort(t),
+            None => self.engine.abort_id(id),
         };
-        if let Some(f) = key.and_then(|k| self.inflight.get_mut(&k)) {
+        if let Some(f) = key.and_then(|k| st.inflight.get_mut(&k)) {
             f.heartbeat = false;
         }
         result
@@ -447,127 +637,136 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     /// Producer agent `name` can no longer write here (dead, or known gone by the control
     /// plane): fence it in the core now. Returns the edges resolved.
     pub fn fence_producer(&mut self, name: &str) -> u32 {
-        self.disconnected.insert(name.to_owned());
+        self.state.disconnected.insert(name.to_owned());
         let Some(id) = self.directory.get(name) else {
             return 0;
         };
-        self.counters.fences += 1;
-        let mut decisions = std::mem::take(&mut self.scratch);
-        let resolved = self.ledger.fence(id, |d| decisions.push(d));
+        self.state.counters.fences += 1;
+        let mut decisions = std::mem::take(&mut self.state.scratch);
+        let resolved = self.engine.fence(id, |d| decisions.push(d));
         for d in decisions.drain(..) {
-            self.queue(d);
+            self.state.queue(d);
         }
-        self.scratch = decisions;
+        self.state.scratch = decisions;
         resolved
     }
 
-    /// One notification from `sender`: into the core; a decision it made is queued at
-    /// once. This is the per-notice step of [`poll`](Self::poll), for transports that
-    /// deliver notifications themselves.
-    ///
-    /// # Errors
-    /// The core's [`Ignored`] report for input that changed nothing.
-    pub fn ingest<'m>(&mut self, sender: &str, bytes: &'m [u8]) -> Result<Noticed, Ignored<'m>> {
-        self.counters.notifications += 1;
-        let id = self.directory.id_or_stranger(sender);
-        if id == AgentDirectory::STRANGER {
-            self.counters.from_strangers += 1;
+    /// Takes the decisions the ingest half made ready; returns how many ready requests
+    /// were taken (each gives one or two events).
+    pub fn take_ready(&mut self) -> usize {
+        let mut decisions = std::mem::take(&mut self.state.scratch);
+        let taken = self.engine.poll(|d| decisions.push(d));
+        for d in decisions.drain(..) {
+            self.state.queue(d);
         }
-        let noticed = self.ledger.handle_notification(id, bytes);
-        if let Ok(Noticed::Decided) = noticed {
-            let mut decisions = std::mem::take(&mut self.scratch);
-            self.ledger.poll(|d| decisions.push(d));
-            for d in decisions.drain(..) {
-                self.queue(d);
-            }
-            self.scratch = decisions;
-        }
-        noticed
+        self.state.scratch = decisions;
+        taken
     }
 
-    /// One round at monotonic time `now_ms`: fences, notifications (deciding at once),
-    /// clock, heartbeats.
-    ///
-    /// # Errors
-    /// [`DrainError`] if draining notifications failed (the rest of the round still ran).
-    pub fn poll<T: Transport>(
-        &mut self,
-        transport: &mut T,
-        now_ms: u64,
-    ) -> Result<PollReport, DrainError> {
-        self.now = self.now.max(now_ms);
-        let before = self.events.len();
-        let mut report = PollReport::default();
+    /// One engine round at monotonic time `now_ms`: peers gone and failed sends are fenced,
+    /// ready decisions taken, the clock advanced, heartbeats sent when due. Returns the
+    /// ready requests taken.
+    pub fn poll<T: Transport>(&mut self, transport: &mut T, now_ms: u64) -> usize {
+        self.state.now = self.state.now.max(now_ms);
         while let Some(gone) = transport.peer_gone() {
             if let GonePeer::Agent(name) = gone {
-                self.counters.disconnects += 1;
-                self.to_fence.push(name);
+                self.state.counters.disconnects += 1;
+                self.state.to_fence.push(name);
             }
         }
-        for name in std::mem::take(&mut self.to_fence) {
+        for name in std::mem::take(&mut self.state.to_fence) {
             self.fence_producer(&name);
         }
-        let mut inbox = std::mem::take(&mut self.inbox);
-        inbox.clear();
-        let drained = transport.drain_notifications(&mut inbox);
-        report.notifications = inbox.len();
-        for (sender, bytes) in &inbox {
-            // Ignored input is counted by the core.
-            let _ = self.ingest(sender, bytes);
-        }
-        inbox.clear();
-        self.inbox = inbox;
-        self.advance(self.now);
-        if self.now.saturating_sub(self.last_heartbeat_ms) >= self.heartbeat_interval_ms() {
-            self.last_heartbeat_ms = self.now;
+        let taken = self.take_ready();
+        self.advance(self.state.now);
+        let interval = (self.state.config.lease_ms / 6).max(1);
+        if self.state.now.saturating_sub(self.state.last_heartbeat_ms) >= interval {
+            self.state.last_heartbeat_ms = self.state.now;
             self.heartbeat(transport);
         }
-        report.decisions = self.events.len() - before;
-        drained.map(|()| report)
+        taken
     }
 
     /// Advances the core's clock to `now_ms` (deadlines, quarantines).
     pub fn advance(&mut self, now_ms: u64) {
-        self.now = self.now.max(now_ms);
-        let mut decisions = std::mem::take(&mut self.scratch);
+        self.state.now = self.state.now.max(now_ms);
+        let now = self.state.now;
+        let mut decisions = std::mem::take(&mut self.state.scratch);
         // The driver's clock only moves forward: `advance` cannot refuse it.
-        let _ = self.ledger.advance(self.now, |d| decisions.push(d));
+        let _ = self.engine.advance(now, |d| decisions.push(d));
         for d in decisions.drain(..) {
-            self.queue(d);
+            self.state.queue(d);
         }
-        self.scratch = decisions;
-    }
-
-    /// `lease_ms / 6` (vLLM), at least 1 ms.
-    pub fn heartbeat_interval_ms(&self) -> u64 {
-        (self.config.lease_ms / 6).max(1)
-    }
-
-    /// Decisions queued and not yet taken.
-    pub fn pending_events(&self) -> usize {
-        self.events.len()
+        self.state.scratch = decisions;
     }
 
     /// The next decision for the engine.
     pub fn poll_event(&mut self) -> Option<ConsumerEvent> {
-        self.events.pop_front()
+        self.state.events.pop_front()
     }
 
     /// Requests registered and not yet released (quarantined ones included).
     pub fn in_flight(&self) -> usize {
-        self.inflight.len()
+        self.state.inflight.len()
     }
 
-    /// The core's counters.
-    pub fn core_counters(&self) -> kvdrain::Counters {
-        self.ledger.counters()
+    /// `HB:` with P's request ids still waiting, per producer engine, to each of its agents.
+    fn heartbeat<T: Transport>(&mut self, transport: &mut T) {
+        let st = &*self.state;
+        let mut per_engine: HashMap<&str, Vec<&str>> = HashMap::new();
+        for f in st.inflight.values().filter(|f| f.heartbeat) {
+            let id = f.request.remote_request_id.as_str();
+            if !id.is_empty() && !id.contains(',') {
+                per_engine
+                    .entry(f.request.producer_engine.as_str())
+                    .or_default()
+                    .push(id);
+            }
+        }
+        let mut sends = Vec::new();
+        for (engine, ids) in per_engine {
+            let Some(engine) = st.engines.get(engine) else {
+                continue;
+            };
+            let len = 3 + ids.iter().map(|i| i.len() + 1).sum::<usize>();
+            let mut buf = vec![0; len];
+            let Ok(n) = kvdrain::wire::encode_heartbeat(ids.iter().copied(), &mut buf) else {
+                continue;
+            };
+            buf.truncate(n);
+            for agent in &engine.agents {
+                sends.push((agent.clone(), buf.clone()));
+            }
+        }
+        for (agent, msg) in sends {
+            if self.send(transport, &agent, &msg) {
+                self.state.counters.heartbeats_sent += 1;
+            } else {
+                self.state.counters.heartbeats_failed += 1;
+            }
+        }
     }
 
-    /// The driver's counters.
-    pub fn counters(&self) -> ConsumerCounters {
-        self.counters
+    /// Sends one notification; `false` if it could not be queued. A disconnected peer is
+    /// fenced at the next poll.
+    fn send<T: Transport>(&mut self, transport: &mut T, agent: &str, msg: &[u8]) -> bool {
+        if self.state.disconnected.contains(agent) {
+            return false;
+        }
+        match transport.send_notification(Peer::Agent(agent), msg) {
+            Ok(()) => true,
+            Err(SendError::PeerGone) => {
+                self.state.counters.disconnects += 1;
+                self.state.disconnected.insert(agent.to_owned());
+                self.state.to_fence.push(agent.to_owned());
+                false
+            }
+            Err(SendError::Unreachable | SendError::Stale) => false,
+        }
     }
+}
 
+impl EngineState {
     fn queue(&mut self, d: Decision) {
         let key = d.key();
         let event = match d {
@@ -626,60 +825,6 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
             remote_request_id: String::new(),
             producers: Vec::new(),
             registered_at_ms: self.now,
-        }
-    }
-
-    /// `HB:` with P's request ids still waiting, per producer engine, to each of its agents.
-    fn heartbeat<T: Transport>(&mut self, transport: &mut T) {
-        let mut per_engine: HashMap<&str, Vec<&str>> = HashMap::new();
-        for f in self.inflight.values().filter(|f| f.heartbeat) {
-            let id = f.request.remote_request_id.as_str();
-            if !id.is_empty() && !id.contains(',') {
-                per_engine
-                    .entry(f.request.producer_engine.as_str())
-                    .or_default()
-                    .push(id);
-            }
-        }
-        let mut sends = Vec::new();
-        for (engine, ids) in per_engine {
-            let Some(engine) = self.engines.get(engine) else {
-                continue;
-            };
-            let len = 3 + ids.iter().map(|i| i.len() + 1).sum::<usize>();
-            let mut buf = vec![0; len];
-            let Ok(n) = kvdrain::wire::encode_heartbeat(ids.iter().copied(), &mut buf) else {
-                continue;
-            };
-            buf.truncate(n);
-            for agent in &engine.agents {
-                sends.push((agent.clone(), buf.clone()));
-            }
-        }
-        for (agent, msg) in sends {
-            if self.send(transport, &agent, &msg) {
-                self.counters.heartbeats_sent += 1;
-            } else {
-                self.counters.heartbeats_failed += 1;
-            }
-        }
-    }
-
-    /// Sends one notification; `false` if it could not be queued. A disconnected peer is
-    /// fenced at the next poll.
-    fn send<T: Transport>(&mut self, transport: &mut T, agent: &str, msg: &[u8]) -> bool {
-        if self.disconnected.contains(agent) {
-            return false;
-        }
-        match transport.send_notification(Peer::Agent(agent), msg) {
-            Ok(()) => true,
-            Err(SendError::PeerGone) => {
-                self.counters.disconnects += 1;
-                self.disconnected.insert(agent.to_owned());
-                self.to_fence.push(agent.to_owned());
-                false
-            }
-            Err(SendError::Unreachable | SendError::Stale) => false,
         }
     }
 }

@@ -380,3 +380,95 @@ fn a_producer_gone_mid_write_is_fenced() {
     assert_eq!(c.d_kinds(), ["failed", "release"]);
     assert_eq!(c.d.counters().fences, 1);
 }
+
+#[test]
+fn split_consumer_ingests_on_one_thread_and_decides_on_another() {
+    use kvdrain_driver::Transport;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let mut c = cluster(2, 30_000, &[]);
+    let mut ingest_endpoint = c.fabric.endpoint("d0");
+    let stop = AtomicBool::new(false);
+    let requests = 50; // the ledger holds 64
+    let (mut decoded, mut ingested) = (0, 0u64);
+    let (mut ingest, mut engine) = c.d.split();
+    std::thread::scope(|s| {
+        let stop = &stop;
+        let ingester = s.spawn(move || {
+            let mut batch = Vec::new();
+            let mut seen = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                batch.clear();
+                ingest_endpoint
+                    .drain_notifications(&mut batch)
+                    .expect("drain");
+                for (sender, bytes) in &batch {
+                    let _ = ingest.ingest(sender, bytes);
+                    seen += 1;
+                }
+                std::thread::yield_now();
+            }
+            seen
+        });
+        // Stops the ingest thread however this thread leaves the scope (a panic too).
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Release);
+            }
+        }
+        let guard = StopOnDrop(stop);
+        let mut now = 0;
+        for n in 0..requests {
+            let id = format!("r-{n}");
+            for (p, _) in &mut c.p {
+                p.offer(
+                    Offer {
+                        request_id: id.clone(),
+                        transfer_id: None,
+                        block_ids: vec![vec![1]],
+                    },
+                    now,
+                )
+                .expect("offer");
+            }
+            engine
+                .register(
+                    &mut c.dt,
+                    PushRequest {
+                        id: &id,
+                        producer_engine: P_ENGINE,
+                        remote_request_id: &id,
+                        transfer_id: None,
+                        blocks: BlockHandle(n),
+                        block_ids: vec![vec![n]],
+                        deadline_ms: None,
+                    },
+                    now,
+                )
+                .expect("register");
+        }
+        let start = std::time::Instant::now();
+        while decoded < requests && start.elapsed().as_secs() < 20 {
+            now += 1;
+            for (p, t) in &mut c.p {
+                p.tick(t, now).expect("tick");
+                while p.poll_event().is_some() {}
+            }
+            // The engine half never drains: the ingest thread owns the mailbox.
+            engine.take_ready();
+            engine.advance(now);
+            while let Some(e) = engine.poll_event() {
+                assert!(matches!(e, ConsumerEvent::Decode { .. }), "{e:?}");
+                decoded += 1;
+            }
+            std::thread::yield_now();
+        }
+        drop(guard);
+        ingested = ingester.join().expect("ingest thread");
+    });
+    assert_eq!(decoded, requests, "decoded in 20 s");
+    assert_eq!(ingested, 2 * requests);
+    assert_eq!(c.d.counters().notifications, 2 * requests);
+    assert_eq!(c.d.core_counters().engine.completed, requests);
+}
