@@ -28,6 +28,8 @@ usage: kvdrain demo [options]
   --progress-thread    run NIXL's progress thread in each agent (default: off, the demo's
                        loop polls every agent; on a small machine the threads cost 5x)
   --in-process         skip NIXL: in-process transport
+  --no-pump-thread     drain D's notifications on the loop's thread (default: a pump
+                       thread feeds the consumer's lock-free ingest half)
 ";
 
 /// Demo settings.
@@ -49,6 +51,8 @@ pub struct Options {
     pub in_process: bool,
     /// Run NIXL's progress thread in each agent.
     pub progress_thread: bool,
+    /// Drain D's notifications on a pump thread (the consumer driver split in two).
+    pub pump_thread: bool,
 }
 
 impl Default for Options {
@@ -62,6 +66,7 @@ impl Default for Options {
             seed: 1,
             in_process: false,
             progress_thread: false,
+            pump_thread: true,
         }
     }
 }
@@ -85,6 +90,10 @@ impl Options {
                 }
                 "--progress-thread" => {
                     o.progress_thread = true;
+                    continue;
+                }
+                "--no-pump-thread" => {
+                    o.pump_thread = false;
                     continue;
                 }
                 _ => {}

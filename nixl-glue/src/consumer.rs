@@ -4,11 +4,19 @@
 //! Every protocol rule (directory, registration from the topology, heartbeats, unreached
 //! producers, fences) is the driver's; this file loads metadata, moves bytes, reads the
 //! clock and measures notification → decision latency.
+//!
+//! Two ways to run it: [`Consumer::poll`] drains and decides on the caller's thread;
+//! [`Consumer::with_pump_thread`] starts a pump thread that drains NIXL notifications into
+//! the driver's lock-free ingest half while the caller's thread is the engine thread
+//! ([`EngineSide`]: registrations, aborts, fences, clock, heartbeats, decisions) — the
+//! design the core was built and loom-checked for (`Ledger::split`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError, mpsc};
 use std::time::Instant;
 
 use kvdrain::{AbortError, BlockHandle, Noticed, Outstanding, Quarantined};
-use kvdrain_driver::consumer::{ConsumerDriver, ConsumerEvent};
+use kvdrain_driver::consumer::{ConsumerDriver, ConsumerEngine, ConsumerEvent};
 
 use crate::agent::{AgentError, UcxAgent};
 use crate::metrics::{self, Latency, Metric};
@@ -56,6 +64,7 @@ pub struct Consumer<const N: usize, const E: usize = 8> {
     driver: ConsumerDriver<N, E>,
     epoch: Instant,
     latency: Latency,
+    ingest_latency: Latency,
     // Last: dropped after everything that refers to its remote agents.
     agent: UcxAgent,
 }
@@ -67,6 +76,7 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
             driver: ConsumerDriver::new(config),
             epoch: Instant::now(),
             latency: Latency::default(),
+            ingest_latency: Latency::default(),
             agent,
         }
     }
@@ -160,6 +170,57 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
         Ok(report)
     }
 
+    /// Runs `body` as the engine thread while a pump thread drains NIXL notifications into
+    /// the driver's ingest half (no lock between them); the pump stops when `body` returns
+    /// (or panics). Notification → decision latency is measured from the pump's drain to
+    /// the engine thread taking the decision.
+    pub fn with_pump_thread<R>(&mut self, body: impl FnOnce(&mut EngineSide<'_, N, E>) -> R) -> R {
+        let stop = AtomicBool::new(false);
+        let pump_error = Mutex::new(None);
+        let (stamps_tx, stamps) = mpsc::channel::<Instant>();
+        let nixl = self.agent.agent();
+        let name = self.agent.name();
+        let (mut ingest, engine) = self.driver.split();
+        std::thread::scope(|s| {
+            let (stop, error) = (&stop, &pump_error);
+            let ingest_latency = &mut self.ingest_latency;
+            s.spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    let batch = match crate::agent::drain_notifications(nixl, name) {
+                        Ok(batch) => batch,
+                        Err(e) => {
+                            *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                            return;
+                        }
+                    };
+                    let received = Instant::now();
+                    for (sender, bytes) in &batch {
+                        if let Ok(Noticed::Decided) = ingest.ingest(sender, bytes) {
+                            ingest_latency.record(received.elapsed());
+                            // The engine side is gone only after the pump stopped.
+                            let _ = stamps_tx.send(received);
+                        }
+                    }
+                    if batch.is_empty() {
+                        std::thread::yield_now();
+                    }
+                }
+            });
+            let guard = StopOnDrop(stop);
+            let mut side = EngineSide {
+                engine,
+                agent: &self.agent,
+                epoch: self.epoch,
+                latency: &mut self.latency,
+                stamps,
+                pump_error: error,
+            };
+            let result = body(&mut side);
+            drop(guard);
+            result
+        })
+    }
+
     fn drain_failed(&self) -> AgentError {
         AgentError::Nixl {
             agent: self.agent.name().to_owned(),
@@ -205,9 +266,17 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
         self.driver.counters()
     }
 
-    /// Notification → decision latency of every decided notice.
+    /// Notification → decision latency of every decided notice (to the decision handed
+    /// out by the engine side).
     pub fn latency(&mut self) -> &mut Latency {
         &mut self.latency
+    }
+
+    /// With a pump thread: drain → decision point in the ingest half, per deciding notice
+    /// (kvdrain's own part of [`latency`](Self::latency); the rest is the hand-off to the
+    /// engine thread).
+    pub fn ingest_latency(&mut self) -> &mut Latency {
+        &mut self.ingest_latency
     }
 
     /// Every metric of this rank.
@@ -264,5 +333,110 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
             "Time from draining the deciding notification to its decision in the driver",
         ));
         out
+    }
+}
+
+/// Stops the pump however the engine thread leaves the scope.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// The engine thread's view of a [`Consumer`] while its pump thread runs
+/// ([`Consumer::with_pump_thread`]).
+#[derive(Debug)]
+pub struct EngineSide<'a, const N: usize, const E: usize> {
+    engine: ConsumerEngine<'a, N, E>,
+    agent: &'a UcxAgent,
+    epoch: Instant,
+    latency: &'a mut Latency,
+    stamps: mpsc::Receiver<Instant>,
+    pump_error: &'a Mutex<Option<AgentError>>,
+}
+
+impl<const N: usize, const E: usize> EngineSide<'_, N, E> {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// As [`Consumer::register`].
+    ///
+    /// # Errors
+    /// As [`Consumer::register`].
+    pub fn register(&mut self, request: PushRequest<'_>) -> Result<Registered, ConsumerError> {
+        let now = self.now_ms();
+        let mut transport = NixlConsumerTransport {
+            agent: self.agent,
+            drain_error: None,
+        };
+        Ok(self.engine.register(&mut transport, request, now)?)
+    }
+
+    /// As [`Consumer::abort`].
+    ///
+    /// # Errors
+    /// As [`Consumer::abort`].
+    pub fn abort(&mut self, id: &str) -> Result<Quarantined, AbortError> {
+        self.engine.abort(id)
+    }
+
+    /// As [`Consumer::fence_producer`].
+    pub fn fence_producer(&mut self, name: &str, release: &mut impl BlockRelease) -> u32 {
+        let resolved = self.engine.fence_producer(name);
+        self.deliver(release);
+        resolved
+    }
+
+    /// One engine round: decisions the pump made ready (latency recorded), fences, clock,
+    /// heartbeats; then the decisions go to `release`. Returns the decisions delivered.
+    pub fn poll(&mut self, release: &mut impl BlockRelease) -> usize {
+        let now = self.now_ms();
+        let mut transport = NixlConsumerTransport {
+            agent: self.agent,
+            drain_error: None,
+        };
+        let taken = self.engine.poll(&mut transport, now);
+        let decided = Instant::now();
+        for stamp in self.stamps.try_iter().take(taken) {
+            self.latency.record(decided.duration_since(stamp));
+        }
+        self.deliver(release)
+    }
+
+    fn deliver(&mut self, release: &mut impl BlockRelease) -> usize {
+        let mut n = 0;
+        while let Some(event) = self.engine.poll_event() {
+            n += 1;
+            match event {
+                ConsumerEvent::Decode { request, blocks } => release.decode(&request, blocks),
+                ConsumerEvent::Failed { request } => release.failed(&request),
+                ConsumerEvent::Expired {
+                    request,
+                    outstanding,
+                } => release.expired(&request, outstanding),
+                ConsumerEvent::Release {
+                    request,
+                    blocks,
+                    forced,
+                } => release.release(&request, blocks, forced),
+            }
+        }
+        n
+    }
+
+    /// Requests registered and not yet released (quarantined ones included).
+    pub fn in_flight(&self) -> usize {
+        self.engine.in_flight()
+    }
+
+    /// Why the pump thread stopped early, if it did (a drain error).
+    pub fn pump_error(&mut self) -> Option<AgentError> {
+        self.pump_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 }

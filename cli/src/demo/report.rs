@@ -33,6 +33,11 @@ pub struct Summary {
     pub p50: Option<Duration>,
     /// Notification → decision latency, 99th percentile.
     pub p99: Option<Duration>,
+    /// With a pump thread: drain → the decision point in the ingest half (kvdrain's own
+    /// part, before the hand-off to the engine thread), median and 99th percentile.
+    pub ingest_p50: Option<Duration>,
+    /// See `ingest_p50`.
+    pub ingest_p99: Option<Duration>,
     /// Wall time of the run.
     pub wall: Duration,
 }
@@ -60,7 +65,7 @@ fn per_sec(n: f64, wall: Duration) -> f64 {
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let notices = (self.completions + self.failure_notices) as f64;
-        let rows: [(&str, String); 11] = [
+        let rows: [(&str, String); 12] = [
             ("transport", self.transport.clone()),
             ("requests", self.requests.to_string()),
             ("completed", format!("{} (bytes checked)", self.completed)),
@@ -83,6 +88,17 @@ impl fmt::Display for Summary {
             (
                 "notification → decision",
                 format!("p50 {}   p99 {}", micros(self.p50), micros(self.p99)),
+            ),
+            (
+                "  of which ingest half",
+                match self.ingest_p50 {
+                    Some(_) => format!(
+                        "p50 {}   p99 {} (drain → decision point, pump thread)",
+                        micros(self.ingest_p50),
+                        micros(self.ingest_p99)
+                    ),
+                    None => "(no pump thread)".to_owned(),
+                },
             ),
             (
                 "throughput",
