@@ -30,7 +30,7 @@
 //! Drive it by calling [`ProducerDriver::tick`] with the transport and the monotonic time,
 //! then [`ProducerDriver::poll_event`] until `None`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use kvdrain::producer::{EdgeState, PlanError, PushPlan, Topology};
 use kvdrain::wire::{self, Completion, Message};
@@ -208,8 +208,9 @@ pub struct ProducerDriver<W> {
     config: ProducerConfig,
     offers: PairingTable<OfferEntry>,
     stash: PairingTable<PushRegistration>,
-    /// Requests being pushed, by P id; `active` finds them by a registration's keys.
-    pushes: HashMap<String, Push<W>>,
+    /// Requests being pushed, by P id (ordered: a tick visits them in a fixed order);
+    /// `active` finds them by a registration's keys.
+    pushes: BTreeMap<String, Push<W>>,
     active: PairingTable<()>,
     retired: PairingTable<()>,
     retired_order: VecDeque<String>,
@@ -221,6 +222,8 @@ pub struct ProducerDriver<W> {
     counters: ProducerCounters,
     inbox: Vec<Notification>,
     now: u64,
+    /// No offer's lease ends before this (a lower bound: heartbeats only push leases out).
+    offers_expire_from: u64,
 }
 
 impl<W> std::fmt::Debug for ProducerDriver<W> {
@@ -258,7 +261,7 @@ impl<W> ProducerDriver<W> {
         ProducerDriver {
             offers: PairingTable::with_capacity(cap),
             stash: PairingTable::with_capacity(cap),
-            pushes: HashMap::with_capacity(cap),
+            pushes: BTreeMap::new(),
             active: PairingTable::with_capacity(cap),
             retired: PairingTable::with_capacity(config.retired_capacity),
             retired_order: VecDeque::with_capacity(config.retired_capacity),
@@ -268,6 +271,7 @@ impl<W> ProducerDriver<W> {
             counters: ProducerCounters::default(),
             inbox: Vec::new(),
             now: 0,
+            offers_expire_from: u64::MAX,
             config,
         }
     }
@@ -309,6 +313,7 @@ impl<W> ProducerDriver<W> {
             block_ids: offer.block_ids,
             lease_until: self.now.saturating_add(self.config.lease_ms),
         };
+        self.offers_expire_from = self.offers_expire_from.min(entry.lease_until);
         if let Some((_, reg)) = self.stash.take(&keys) {
             self.begin(keys, reg, Some(entry));
             return Ok(());
@@ -367,12 +372,10 @@ impl<W> ProducerDriver<W> {
             }
         }
         self.expire_offers();
-        let keys: Vec<String> = self.pushes.keys().cloned().collect();
+        // Visit every push in place (the map is put back before anything looks it up).
+        let mut pushes = std::mem::take(&mut self.pushes);
         let mut errored = Vec::new();
-        for key in &keys {
-            let Some(mut push) = self.pushes.remove(key) else {
-                continue;
-            };
+        for push in pushes.values_mut() {
             if push.lease_until <= self.now && push.source.is_some() && !push.plan_retired() {
                 self.counters.leases_expired += 1;
                 push.plan.retire();
@@ -380,20 +383,21 @@ impl<W> ProducerDriver<W> {
             }
             if !push.started {
                 push.started = true;
-                self.start(&mut push, transport, &mut report);
+                self.start(push, transport, &mut report);
             }
-            self.poll_writes(&mut push, transport, &mut report, &mut errored);
-            self.pushes.insert(key.clone(), push);
+            if !push.writes.is_empty() {
+                self.poll_writes(push, transport, &mut report, &mut errored);
+            }
         }
+        self.pushes = pushes;
         // A backend error on one transfer to a consumer rank bounds every unknown one to it.
         for (engine, rank) in errored {
             self.peer_failed(&engine, rank);
         }
-        for key in &keys {
-            let Some(mut push) = self.pushes.remove(key) else {
-                continue;
-            };
-            self.send_owed(&mut push, transport, &mut report);
+        let mut pushes = std::mem::take(&mut self.pushes);
+        let mut done = Vec::new();
+        for (key, push) in &mut pushes {
+            self.send_owed(push, transport, &mut report);
             if push.plan.is_terminal() && !push.released {
                 push.released = true;
                 if push.source.is_some() {
@@ -402,12 +406,16 @@ impl<W> ProducerDriver<W> {
                 }
             }
             if push.released && push.plan.owed_notices().next().is_none() {
-                self.active.remove(key);
-                self.remember_retired(push.keys);
-            } else {
-                self.pushes.insert(key.clone(), push);
+                done.push(key.clone());
             }
         }
+        for key in done {
+            if let Some(push) = pushes.remove(&key) {
+                self.active.remove(&key);
+                self.remember_retired(push.keys);
+            }
+        }
+        self.pushes = pushes;
         self.refresh_stale(transport);
         Ok(report)
     }
@@ -448,12 +456,24 @@ impl<W> ProducerDriver<W> {
 
     fn expire_offers(&mut self) {
         let now = self.now;
-        let expired: Vec<String> = self
+        if now < self.offers_expire_from {
+            return;
+        }
+        self.offers_expire_from = self
+            .offers
+            .iter()
+            .map(|(_, o)| o.lease_until)
+            .filter(|&until| until > now)
+            .min()
+            .unwrap_or(u64::MAX);
+        let mut expired: Vec<String> = self
             .offers
             .iter()
             .filter(|(_, o)| o.lease_until <= now)
             .map(|(k, _)| k.id.clone())
             .collect();
+        // A fixed order whatever the table's.
+        expired.sort_unstable();
         for id in expired {
             if let Some((keys, _)) = self.offers.remove(&id) {
                 self.counters.leases_expired += 1;

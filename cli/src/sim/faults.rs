@@ -8,8 +8,6 @@ use std::fmt::Write as _;
 pub struct Rates {
     /// A WRITE fails to post (C2), per edge.
     pub post_fail: u32,
-    /// After a post failure the producer's loop unwinds (the rest is never attempted).
-    pub unwind: u32,
     /// A posted WRITE fails (F7), per WRITE.
     pub write_fail: u32,
     /// A failed WRITE landed part of its data first.
@@ -64,7 +62,6 @@ impl Default for Rates {
     fn default() -> Self {
         Rates {
             post_fail: 8_000,
-            unwind: 500_000,
             write_fail: 10_000,
             partial_data: 500_000,
             duplicate: 20_000,
@@ -96,8 +93,6 @@ impl Default for Rates {
 pub struct Faults {
     /// C2: WRITEs that failed to post.
     pub post_failed: u64,
-    /// C2: producer loops that unwound after a post failure.
-    pub loop_unwound: u64,
     /// F7: WRITEs that failed after posting.
     pub failed_after_post: u64,
     /// F7: errors reported after a delivered completion.
@@ -116,7 +111,8 @@ pub struct Faults {
     pub producer_abort: u64,
     /// Producer leases that ended while the push was unfinished (F3).
     pub lease_expired_in_flight: u64,
-    /// Posts refused because the producer's request had ended (F4).
+    /// Registrations answered with failure notices because the producer's request had
+    /// ended there (F4: nothing is posted for it).
     pub deferred_post_refused: u64,
     /// Consumer deadlines that passed while WRITEs were in flight (L1).
     pub deadline_expired_in_flight: u64,
@@ -144,10 +140,9 @@ pub struct Faults {
 
 impl Faults {
     /// `(name, count)` for every class, in output order.
-    pub fn entries(&self) -> [(&'static str, u64); 23] {
+    pub fn entries(&self) -> [(&'static str, u64); 22] {
         [
             ("post_failed", self.post_failed),
-            ("loop_unwound", self.loop_unwound),
             ("failed_after_post", self.failed_after_post),
             ("error_after_completion", self.error_after_completion),
             ("duplicated", self.duplicated),

@@ -5,9 +5,11 @@
 //! * **Deterministic**: one seeded generator ([`rng`]), a virtual clock and an agenda of
 //!   events ([`queue`]); no threads, no wall time, no hash-map iteration. A seed replays
 //!   the same run, so a violation is reproduced by its seed and step.
-//! * **Real core**: producer ranks drive [`kvdrain::producer::PushPlan`]; decode ranks
-//!   drive [`kvdrain::Ledger`]; they exchange vLLM-format notification bytes
-//!   ([`kvdrain::wire`]).
+//! * **Real code**: producer ranks run the shared producer driver
+//!   ([`kvdrain_driver::producer::ProducerDriver`]: pairing by base id, leases, retired ids,
+//!   [`kvdrain::producer::PushPlan`], owed notices, source release) over the virtual network
+//!   ([`link`]); decode ranks drive [`kvdrain::Ledger`]; they exchange vLLM-format
+//!   notification bytes ([`kvdrain::wire`], `PUSH_REG` msgpack included).
 //! * **Checked directly**: a memory model ([`memory`]) records, per block, who owns it
 //!   and how many WRITEs into it may still land, so a release or reuse while a write may
 //!   land is seen when it happens; a `completed` is checked against the edges that really
@@ -27,6 +29,7 @@ mod args;
 pub mod cluster;
 pub mod consumer;
 pub mod faults;
+pub mod link;
 pub mod memory;
 pub mod producer;
 pub mod queue;
