@@ -39,6 +39,8 @@ pub mod rng;
 pub mod timing;
 mod world;
 
+pub use world::SETTLING_WIRED;
+
 use std::process::ExitCode;
 
 pub use args::USAGE;
