@@ -336,11 +336,16 @@ impl<W> ProducerDriver<W> {
     /// next tick, and the source blocks come back once no write is in flight (F3). A
     /// registration arriving later is answered with failure notices (F4).
     pub fn retire(&mut self, request_id: &str) {
-        self.remember_retired(PairingKeys::new(request_id, None));
+        let keys = PairingKeys::new(request_id, None);
+        self.remember_retired(keys.clone());
         if let Some(push) = self.pushes.get_mut(request_id) {
             push.plan.retire();
         } else if self.offers.remove(request_id).is_some() {
             self.release_source(request_id);
+        } else if let Some((_, reg)) = self.stash.take(&keys) {
+            // Registered but never offered: it will never be pushed; say so now (F4).
+            self.counters.registrations_retired += 1;
+            self.begin(keys, reg, None);
         }
     }
 

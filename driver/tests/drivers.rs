@@ -472,3 +472,17 @@ fn split_consumer_ingests_on_one_thread_and_decides_on_another() {
     assert_eq!(c.d.counters().notifications, 2 * requests);
     assert_eq!(c.d.core_counters().engine.completed, requests);
 }
+
+#[test]
+fn f4_a_stashed_registration_of_a_request_retired_before_its_offer_is_answered() {
+    let mut c = cluster(2, 30_000, &[]);
+    c.register("r", "r", None);
+    c.run(2);
+    for (p, _) in &mut c.p {
+        p.retire("r");
+    }
+    c.run_until(10, |c| c.d_events.len() >= 2);
+    assert_eq!(c.d_kinds(), ["failed", "release"]);
+    assert_eq!(c.p[0].0.counters().registrations_retired, 1);
+    assert_eq!(c.p[0].0.in_flight(), 0, "nothing left in the stash");
+}
