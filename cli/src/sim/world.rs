@@ -66,8 +66,11 @@ enum Event {
         rank: usize,
         agent: AgentId,
     },
-    /// A producer rank's driver runs one tick (after an input, or when a lease may end).
+    /// A producer rank's driver runs one tick, once for every input that arrived at this
+    /// virtual time.
     ProducerTick { rank: usize, agent: AgentId },
+    /// A lease on a producer rank may have ended: tick it.
+    LeaseCheck { rank: usize, agent: AgentId },
     /// A posted WRITE becomes terminal.
     WriteDone { write: u64, ok: bool },
     /// A notification reaches a decode rank.
@@ -116,6 +119,8 @@ pub struct World {
     targets: BTreeMap<u64, Vec<Vec<u32>>>,
     /// Requests whose producer aborted without sending what it owes.
     silent: BTreeSet<u64>,
+    /// Per producer rank: a tick is queued at the current virtual time.
+    tick_queued: Vec<bool>,
     writes: BTreeMap<u64, Write>,
     next_write: u64,
     arrived: u64,
@@ -209,6 +214,7 @@ impl World {
             finished: vec![BTreeMap::new(); cluster.ranks.len()],
             targets: BTreeMap::new(),
             silent: BTreeSet::new(),
+            tick_queued: vec![false; cluster.ranks.len()],
             cluster,
             consumers,
             requests: BTreeMap::new(),
@@ -289,8 +295,14 @@ impl World {
             Event::Registration { rank, agent, bytes } => self.registration(rank, agent, bytes),
             Event::Offer { req, rank, agent } => self.offer(req, rank, agent),
             Event::ProducerTick { rank, agent } => {
+                self.tick_queued[rank] = false;
                 if self.alive_as(rank, agent) {
                     self.producer_tick(rank);
+                }
+            }
+            Event::LeaseCheck { rank, agent } => {
+                if self.alive_as(rank, agent) {
+                    self.want_tick(rank);
                 }
             }
             Event::WriteDone { write, ok } => self.write_done(write, ok),
@@ -735,7 +747,7 @@ impl World {
             return;
         }
         self.inboxes[rank].push(("d".to_owned(), bytes));
-        self.producer_tick(rank);
+        self.want_tick(rank);
     }
 
     /// Prefill ended on `rank`: the engine offers the source blocks (not if the prefill
@@ -753,10 +765,21 @@ impl World {
         if let Err(e) = self.producers[rank].offer(offer, self.now) {
             self.violation(format!("producer rank {rank} refused an offer: {e}"));
         }
-        self.producer_tick(rank);
+        self.want_tick(rank);
         // The lease may end: look then.
         self.agenda
-            .push(self.now + LEASE + 1, Event::ProducerTick { rank, agent });
+            .push(self.now + LEASE + 1, Event::LeaseCheck { rank, agent });
+    }
+
+    /// Queues one tick of `rank` at the current time (after every event already queued for
+    /// it, so inputs that arrive together are handled by one tick).
+    fn want_tick(&mut self, rank: usize) {
+        if !self.tick_queued[rank] {
+            self.tick_queued[rank] = true;
+            let agent = self.cluster.ranks[rank].agent;
+            self.agenda
+                .push(self.now, Event::ProducerTick { rank, agent });
+        }
     }
 
     /// One tick of `rank`'s producer driver over the virtual network, then what it asked
@@ -860,7 +883,7 @@ impl World {
                 WriteStatus::BackendError
             };
             self.finished[w.rank].insert(write, status);
-            self.producer_tick(w.rank);
+            self.want_tick(w.rank);
         }
     }
 
@@ -960,7 +983,7 @@ impl World {
         for rank in self.cluster.ranks_of(request.engine) {
             if self.cluster.ranks[rank].alive {
                 self.producers[rank].retire(&p_id);
-                self.producer_tick(rank);
+                self.want_tick(rank);
             }
         }
     }
