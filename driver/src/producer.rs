@@ -758,6 +758,7 @@ impl<W> ProducerDriver<W> {
             {
                 // Nothing to that rank is unfinished: its metadata may be refreshed (F7).
                 transport.forget_peer(to);
+                self.stale.retain(|(e, r)| !(e == &engine && *r == d));
                 sent = transport.send_notification(to, &body);
             }
             match sent {

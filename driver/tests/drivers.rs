@@ -486,3 +486,123 @@ fn f4_a_stashed_registration_of_a_request_retired_before_its_offer_is_answered()
     assert_eq!(c.p[0].0.counters().registrations_retired, 1);
     assert_eq!(c.p[0].0.in_flight(), 0, "nothing left in the stash");
 }
+
+/// Wraps a transport: sends to consumer ranks read as stale metadata until the driver drops
+/// the peer's metadata, and every `forget_peer` is recorded.
+struct StaleUntilForgotten {
+    inner: MemoryTransport,
+    forgot: Vec<(String, u16)>,
+    stale: bool,
+}
+
+impl kvdrain_driver::Transport for StaleUntilForgotten {
+    type Write = MemoryWrite;
+    fn post_write(
+        &mut self,
+        spec: &kvdrain_driver::transport::WriteSpec<'_>,
+    ) -> Result<kvdrain_driver::transport::Posted<MemoryWrite>, kvdrain_driver::transport::PostError>
+    {
+        self.inner.post_write(spec)
+    }
+    fn poll_write(&mut self, w: &mut MemoryWrite) -> kvdrain_driver::transport::WriteStatus {
+        self.inner.poll_write(w)
+    }
+    fn send_notification(
+        &mut self,
+        to: kvdrain_driver::transport::Peer<'_>,
+        bytes: &[u8],
+    ) -> Result<(), kvdrain_driver::transport::SendError> {
+        if self.stale && matches!(to, kvdrain_driver::transport::Peer::ConsumerRank { .. }) {
+            return Err(kvdrain_driver::transport::SendError::Stale);
+        }
+        self.inner.send_notification(to, bytes)
+    }
+    fn drain_notifications(
+        &mut self,
+        out: &mut Vec<kvdrain_driver::transport::Notification>,
+    ) -> Result<(), kvdrain_driver::transport::DrainError> {
+        self.inner.drain_notifications(out)
+    }
+    fn peer_gone(&mut self) -> Option<kvdrain_driver::transport::GonePeer> {
+        self.inner.peer_gone()
+    }
+    fn forget_peer(&mut self, to: kvdrain_driver::transport::Peer<'_>) {
+        if let kvdrain_driver::transport::Peer::ConsumerRank { engine, rank } = to {
+            self.forgot.push((engine.to_owned(), rank));
+        }
+        self.stale = false;
+    }
+}
+
+/// F7: a producer never drops a consumer rank's metadata (nor re-handshakes) while a
+/// transfer to it is unfinished — an owed notice waits instead — and does once nothing to
+/// it is unfinished.
+#[test]
+fn f7_stale_peer_metadata_is_refreshed_only_when_nothing_to_it_is_unfinished() {
+    let mut c = cluster(1, 30_000, &[]);
+    c.fabric
+        .set_fault_script(Some(Box::new(|s| match s.producer_request_id {
+            "r-1" => WriteFault::Unknown,
+            "r-2" => WriteFault::Descriptor,
+            _ => WriteFault::BackendError,
+        })));
+    let (mut p, t) = c.p.pop().expect("one rank");
+    let mut t = StaleUntilForgotten {
+        inner: t,
+        forgot: Vec::new(),
+        stale: true,
+    };
+    let tick =
+        |p: &mut ProducerDriver<MemoryWrite>, t: &mut StaleUntilForgotten, c: &mut Cluster| {
+            c.now += 1;
+            p.tick(t, c.now).expect("tick");
+            c.d.poll(&mut c.dt, c.now).expect("poll");
+            while let Some(e) = c.d.poll_event() {
+                c.d_events.push(e);
+            }
+        };
+    for id in ["r-1", "r-2"] {
+        p.offer(
+            Offer {
+                request_id: id.into(),
+                transfer_id: None,
+                block_ids: vec![vec![1]],
+            },
+            0,
+        )
+        .expect("offer");
+        c.register(id, id, None);
+    }
+    for _ in 0..20 {
+        tick(&mut p, &mut t, &mut c);
+    }
+    let k = p.counters();
+    assert_eq!(
+        (k.status_unknown, k.post_failures, k.notices_sent),
+        (1, 1, 0),
+        "{k:?}"
+    );
+    assert!(
+        t.forgot.is_empty(),
+        "metadata dropped while r-1's write may land"
+    );
+    // Another transfer to the same rank ends with a backend error: r-1's write is bounded,
+    // nothing to the rank is unfinished, the metadata is refreshed and both notices go.
+    p.offer(
+        Offer {
+            request_id: "r-3".into(),
+            transfer_id: None,
+            block_ids: vec![vec![1]],
+        },
+        c.now,
+    )
+    .expect("offer");
+    c.register("r-3", "r-3", None);
+    for _ in 0..20 {
+        tick(&mut p, &mut t, &mut c);
+    }
+    assert_eq!(t.forgot, [(D_ENGINE.to_owned(), 0)]);
+    let k = p.counters();
+    assert_eq!((k.failed_after_post, k.notices_sent), (1, 3), "{k:?}");
+    assert_eq!(p.in_flight(), 0);
+}
