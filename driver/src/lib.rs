@@ -50,9 +50,12 @@
 //! `transfer_id`, base id: [`pairing`]), name agents by NIXL's agent-name strings and decode
 //! msgpack registrations: that needs owned strings and maps. The per-request state machines
 //! that fit `no_std` stay in the core: the [`kvdrain::Ledger`] (consumer) and
-//! [`kvdrain::producer::PushPlan`] (producer). Every table here has a fixed capacity set at
-//! construction (reserved up front); a full table refuses and hands the item back, nothing is
-//! evicted but retired ids (oldest first).
+//! [`kvdrain::producer::PushPlan`] (producer). The per-request tables have a fixed capacity
+//! set at construction (hash tables reserved up front): offers and pushes together, stashed
+//! registrations, retired ids, and the consumer's in-flight requests (the ledger's `N`); a
+//! full table refuses and hands the item back, and nothing is evicted but retired ids
+//! (oldest first). What is allocated per request is the engine's own data, copied in: ids
+//! and block-id lists; per-peer maps grow with the number of peers.
 //!
 //! | module | concept |
 //! | --- | --- |

@@ -60,7 +60,8 @@ pub struct ProducerConfig {
     /// The lease on a finished request's source blocks, from its offer (vLLM
     /// `kv_lease_duration`, 30 s).
     pub lease_ms: u64,
-    /// Requests offered, stashed or pushed at once (each table).
+    /// Requests offered or being pushed at once (an offer beyond it is refused and handed
+    /// back), and registrations stashed at once.
     pub capacity: usize,
     /// Retired request ids remembered to refuse late registrations (F4).
     pub retired_capacity: usize,
@@ -308,6 +309,10 @@ impl<W> ProducerDriver<W> {
         if self.offers.contains(&keys.id) || self.pushes.contains_key(&keys.id) {
             self.counters.offers_refused += 1;
             return Err(OfferError::Duplicate(offer));
+        }
+        if self.offers.len() + self.pushes.len() >= self.config.capacity {
+            self.counters.offers_refused += 1;
+            return Err(OfferError::Full(offer));
         }
         let entry = OfferEntry {
             block_ids: offer.block_ids,

@@ -606,3 +606,26 @@ fn f7_stale_peer_metadata_is_refreshed_only_when_nothing_to_it_is_unfinished() {
     assert_eq!((k.failed_after_post, k.notices_sent), (1, 3), "{k:?}");
     assert_eq!(p.in_flight(), 0);
 }
+
+#[test]
+fn offers_beyond_capacity_are_handed_back() {
+    let mut config = ProducerConfig::new(P_ENGINE, 0, 1);
+    config.capacity = 2;
+    let mut p: ProducerDriver<MemoryWrite> = ProducerDriver::new(config);
+    let offer = |id: &str| Offer {
+        request_id: id.into(),
+        transfer_id: None,
+        block_ids: vec![vec![1]],
+    };
+    p.offer(offer("a"), 0).expect("room");
+    assert!(matches!(
+        p.offer(offer("a"), 0),
+        Err(kvdrain_driver::producer::OfferError::Duplicate(o)) if o.request_id == "a"
+    ));
+    p.offer(offer("b"), 0).expect("room");
+    assert!(matches!(
+        p.offer(offer("c"), 0),
+        Err(kvdrain_driver::producer::OfferError::Full(o)) if o.request_id == "c"
+    ));
+    assert_eq!(p.counters().offers_refused, 2);
+}
