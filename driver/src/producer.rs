@@ -292,6 +292,16 @@ impl<W> ProducerDriver<W> {
         self.offers.len() + self.pushes.len()
     }
 
+    /// Requests whose sources stay fenced because a WRITE's status is unknown (F7): no
+    /// notice was sent for it and only `Success` or a backend error to the same consumer
+    /// rank ends the fence.
+    pub fn fenced_unknown(&self) -> usize {
+        self.pushes
+            .values()
+            .filter(|p| p.plan.has_unknown())
+            .count()
+    }
+
     /// The next event for the engine.
     pub fn poll_event(&mut self) -> Option<ProducerEvent> {
         self.events.pop_front()

@@ -8,8 +8,11 @@ use std::fmt::Write as _;
 pub struct Rates {
     /// A WRITE fails to post (C2), per edge.
     pub post_fail: u32,
-    /// A posted WRITE fails (F7), per WRITE.
+    /// A posted WRITE fails (F7, a backend error), per WRITE.
     pub write_fail: u32,
+    /// A posted WRITE's status becomes unreadable (F7: NOT_FOUND the producer did not
+    /// cause), per WRITE: it still lands or fails, but the producer cannot know.
+    pub status_unknown: u32,
     /// A failed WRITE landed part of its data first.
     pub partial_data: u32,
     /// A notification is delivered twice (named-edge requests, or after the decision).
@@ -63,6 +66,7 @@ impl Default for Rates {
         Rates {
             post_fail: 8_000,
             write_fail: 10_000,
+            status_unknown: 2_000,
             partial_data: 500_000,
             duplicate: 20_000,
             reorder: 30_000,
@@ -95,6 +99,8 @@ pub struct Faults {
     pub post_failed: u64,
     /// F7: WRITEs that failed after posting.
     pub failed_after_post: u64,
+    /// F7: WRITEs whose status the producer could not read (no notice, sources fenced).
+    pub status_unknown: u64,
     /// F7: errors reported after a delivered completion.
     pub error_after_completion: u64,
     /// Notifications delivered twice.
@@ -140,10 +146,11 @@ pub struct Faults {
 
 impl Faults {
     /// `(name, count)` for every class, in output order.
-    pub fn entries(&self) -> [(&'static str, u64); 22] {
+    pub fn entries(&self) -> [(&'static str, u64); 23] {
         [
             ("post_failed", self.post_failed),
             ("failed_after_post", self.failed_after_post),
+            ("status_unknown", self.status_unknown),
             ("error_after_completion", self.error_after_completion),
             ("duplicated", self.duplicated),
             ("reordered", self.reordered),

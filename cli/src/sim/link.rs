@@ -5,7 +5,9 @@
 //!
 //! * a post fails (C2) at the `post_fail` rate; otherwise the WRITE is recorded and ends
 //!   1..=`WRITE_MAX` ms later, failing (F7, a backend error) at the `write_fail` rate;
-//! * a status poll reads the outcome the event loop recorded when the WRITE ended;
+//! * a status poll reads the outcome the event loop recorded when the WRITE ended — or, at
+//!   the `status_unknown` rate, reads nothing the producer can use (F7): the WRITE still
+//!   lands or fails, but the producer must keep its sources fenced and send nothing;
 //! * a failure notice is lost at the `notice_lost` rate, and never sent for a request whose
 //!   producer aborted silently;
 //! * the physical destination blocks of `(request, D rank)` come from the simulation (the
@@ -41,6 +43,8 @@ pub struct PostedWrite {
     pub blocks: Vec<u32>,
     /// Whether it will land (else a backend error).
     pub ok: bool,
+    /// Whether its status will be unreadable to the producer (it lands or fails anyway).
+    pub unknown: bool,
     /// When it ends.
     pub done_at: Millis,
 }
@@ -94,6 +98,7 @@ impl Transport for SimLink<'_> {
         let id = *self.next_write;
         *self.next_write += 1;
         let ok = !self.rng.chance(self.rates.write_fail);
+        let unknown = self.rng.chance(self.rates.status_unknown);
         let done_at = self.now + self.rng.between(1, WRITE_MAX);
         self.posted.push(PostedWrite {
             id,
@@ -101,6 +106,7 @@ impl Transport for SimLink<'_> {
             d,
             blocks,
             ok,
+            unknown,
             done_at,
         });
         Ok(Posted::InFlight(SimWrite(id)))

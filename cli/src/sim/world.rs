@@ -71,8 +71,8 @@ enum Event {
     ProducerTick { rank: usize, agent: AgentId },
     /// A lease on a producer rank may have ended: tick it.
     LeaseCheck { rank: usize, agent: AgentId },
-    /// A posted WRITE becomes terminal.
-    WriteDone { write: u64, ok: bool },
+    /// A posted WRITE becomes terminal (`unknown`: its producer cannot read its status).
+    WriteDone { write: u64, ok: bool, unknown: bool },
     /// A notification reaches a decode rank.
     Deliver {
         d: usize,
@@ -305,7 +305,7 @@ impl World {
                     self.want_tick(rank);
                 }
             }
-            Event::WriteDone { write, ok } => self.write_done(write, ok),
+            Event::WriteDone { write, ok, unknown } => self.write_done(write, ok, unknown),
             Event::Deliver {
                 d,
                 agent,
@@ -861,11 +861,12 @@ impl World {
         let event = Event::WriteDone {
             write: p.id,
             ok: p.ok,
+            unknown: p.unknown,
         };
         self.agenda.push(p.done_at, event);
     }
 
-    fn write_done(&mut self, write: u64, ok: bool) {
+    fn write_done(&mut self, write: u64, ok: bool, unknown: bool) {
         let Some(w) = self.writes.remove(&write) else {
             return; // cut by its producer's death
         };
@@ -876,8 +877,17 @@ impl World {
             // F7: a backend error after posting; the driver owes the notice.
             self.faults.failed_after_post += 1;
         }
+        // A write whose status is unknown may be bounded later by a backend error to the same
+        // rank, and then owes a PUSH_FAIL even if it landed: a second notice for one edge,
+        // which only named-edge mode can tell apart (spec rule 6, like error_after_completion).
+        let repeats_ok = self.requests.get(&w.req).is_none_or(|r| r.named);
+        let unknown = unknown && (!ok || repeats_ok);
         if self.alive_as(w.rank, w.agent) {
-            let status = if ok {
+            let status = if unknown {
+                // F7: the producer reads NOT_FOUND; from now on the handle stays in progress.
+                self.faults.status_unknown += 1;
+                WriteStatus::Unknown
+            } else if ok {
                 WriteStatus::Success
             } else {
                 WriteStatus::BackendError
@@ -1063,7 +1073,13 @@ impl World {
                 ));
             }
         }
-        let held: usize = self.producers.iter().map(ProducerDriver::in_flight).sum();
+        // A request with a WRITE of unknown status keeps its sources fenced until a backend
+        // error to the same decode rank bounds it (F7); at the end none may be held otherwise.
+        let held: usize = self
+            .producers
+            .iter()
+            .map(|p| p.in_flight() - p.fenced_unknown())
+            .sum();
         if held != 0 || !self.writes.is_empty() {
             self.violation(format!(
                 "producers at the end: {held} requests held, {} writes pending",
