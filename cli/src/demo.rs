@@ -1,9 +1,9 @@
-//! `kvdrain demo`: P (TP = 2) → D (TP = 1) pushing KV blocks through the real pusher, pump
+//! `kvdrain demo`: P (TP = 2) → D (TP = 1) pushing KV blocks through the real drivers
 //! and tracker, with injected failures, a progress bar on long runs and a summary table.
 //!
 //! With the `nixl` feature and the NIXL runtime installed (`make demo` does both) the bytes
 //! move over real NIXL (UCX) between three agents in this process. Otherwise it says so in a
-//! banner and runs an in-process transport (memcpy and a queue) through the same core.
+//! banner and runs the in-process transport (memcpy and mailboxes) through the same drivers.
 
 mod memory;
 #[cfg(feature = "nixl")]
@@ -68,6 +68,10 @@ pub struct Options {
     /// agent; on a small machine the threads cost 5x).
     #[arg(long)]
     pub progress_thread: bool,
+    /// Drain D's notifications on the loop's thread (default: a pump thread feeds the
+    /// consumer driver's lock-free ingest half while the loop is the engine thread).
+    #[arg(long = "no-pump-thread", action = clap::ArgAction::SetFalse)]
+    pub pump_thread: bool,
 }
 
 fn block_size(text: &str) -> Result<usize, String> {
@@ -112,6 +116,7 @@ impl Default for Options {
             seed: 1,
             in_process: false,
             progress_thread: false,
+            pump_thread: true,
         }
     }
 }
@@ -192,7 +197,7 @@ pub fn run(options: &Options) -> Summary {
         "\n  ************************************************************************\n  \
          *  NIXL not used: {why_not}\n  \
          *  Running the IN-PROCESS transport: bytes are memcpy'd and notifications\n  \
-         *  queued in memory; the tracker and producer plans are the real ones.\n  \
+         *  queued in memory; the drivers and the tracker are the real ones. \n  \
          *  For real NIXL: `make demo` (scripts/setup-nixl.sh, then --features nixl).\n  \
          ************************************************************************\n"
     );

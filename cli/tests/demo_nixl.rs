@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 
 /// Families the demo must export, with their OpenMetrics type.
-const FAMILIES: [(&str, &str); 23] = [
+const FAMILIES: [(&str, &str); 24] = [
     ("kvdrain:nixl_num_registered_reqs", "counter"),
     ("kvdrain:nixl_num_completed_reqs", "counter"),
     ("kvdrain:nixl_num_failed_reqs", "counter"),
@@ -33,6 +33,7 @@ const FAMILIES: [(&str, &str); 23] = [
     ("kvdrain:nixl_num_failed_transfers", "counter"),
     ("kvdrain:nixl_num_released_sources", "counter"),
     ("kvdrain:nixl_num_unplannable_registrations", "counter"),
+    ("kvdrain:nixl_num_expired_leases", "counter"),
 ];
 
 /// `name{labels}` → value of every sample line.
@@ -89,7 +90,7 @@ fn demo_log_prints_a_warning_per_failure_with_its_cause() {
         .count();
     assert!(posts > 0 && failed > 0, "{log}");
     assert!(!log.contains("DEBUG"), "--log defaults to warn: {log}");
-    let Some((_, debug)) = demo(&["--log=kvdrain_nixl=debug"]) else {
+    let Some((_, debug)) = demo(&["--log=kvdrain_driver=debug,kvdrain_nixl=debug"]) else {
         return;
     };
     assert!(

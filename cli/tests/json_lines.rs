@@ -55,7 +55,7 @@ fn keys(object: &Map<String, Value>) -> Vec<&str> {
 
 #[test]
 fn replay_prints_the_spec_keys_in_order() {
-    let trace = b"config deadline_ms=100 quarantine_ms=50\n\
+    let trace = b"config deadline_ms=100 quarantine_ms=50 settle_ms=0\n\
 register r1 edges=p0,p1\nregister r2 expect=2\nregister r1 expect=1\n\
 notify p1 PUSH_FAIL:r1:2\nnotify p0 r1:2\nnotify p0 garbage\nabort r2\nat 60\n\
 register r3 edges=a,b\nat 200\n";

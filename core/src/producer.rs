@@ -16,6 +16,29 @@
 //! two for one edge (invariant 3). Source blocks may be released only when every edge is
 //! terminal ([`PushPlan::is_terminal`], catalogue F3), and a retired plan refuses new
 //! posts (F4).
+//!
+//! ```text
+//!            posted             status Success
+//! Planned ───────────▶ Posted ─────────────────────────────▶ Landed
+//!    │                  │  │ backend error (this write or     ▲
+//!    │ post_failed,     │  │ another one to the same peer)    │ Success after all
+//!    │ retire           │  ▼                                  │
+//!    │                  │ Failed{posted: true} ◀─── Unknown ──┘
+//!    ▼                  │        │        backend error  ▲
+//! Failed{posted: false} │        │ noticed              │ status_unknown (NOT_FOUND
+//!    │  noticed         │        ▼                      │ the producer did not cause)
+//!    └──────────────────┼──▶ Noticed                    │
+//!                       └───────────────────────────────┘
+//! ```
+//!
+//! Only `Success` proves a write is over, and only a backend error bounds it (protocol
+//! catalogue F7). So the plan keeps three failure outcomes apart: an edge **never posted**
+//! ([`post_failed`](PushPlan::post_failed), [`retire`](PushPlan::retire)) is owed a
+//! `PUSH_FAIL` at once; a **posted** edge is owed one only after a **backend error**
+//! ([`backend_error`](PushPlan::backend_error)); a posted edge whose status is **unknown**
+//! ([`status_unknown`](PushPlan::status_unknown): NOT_FOUND the producer did not cause) is
+//! owed nothing and stays non-terminal, so its source blocks stay fenced and the consumer's
+//! deadline decides.
 
 use core::fmt;
 
@@ -163,11 +186,15 @@ pub enum EdgeState {
     /// Initiator saw success: the completion is delivered (or on its way).
     Landed,
     /// Did not land: never posted (post or descriptor failure, loop unwound, plan retired)
-    /// or failed after posting. A `PUSH_FAIL` is owed.
+    /// or failed after posting with a backend error. A `PUSH_FAIL` is owed.
     Failed {
         /// Whether the WRITE had been posted (some data may have landed).
         posted: bool,
     },
+    /// Posted, and its status can no longer be read (NOT_FOUND the producer did not
+    /// cause): it may still be landing. Nothing is owed and the edge is not terminal: the
+    /// source blocks stay fenced and the consumer's deadline decides.
+    Unknown,
     /// The failure notice went out.
     Noticed,
     /// The consumer rank cannot be named or reached (no agent metadata): no notice can be
@@ -306,14 +333,53 @@ impl PushPlan {
         })
     }
 
-    /// The WRITE failed after it was posted (F7): no completion will come from it.
+    /// The initiator saw the WRITE succeed.
+    ///
+    /// Same as [`landed`](Self::landed) but also accepted from [`EdgeState::Unknown`]: a
+    /// handle whose status was unreadable that later reports `Success`.
     ///
     /// # Errors
-    /// `WrongState` unless the edge is posted.
-    pub fn failed(&mut self, d_rank: u16) -> Result<(), PlanError> {
+    /// `WrongState` unless the edge is posted or unknown.
+    pub fn landed_after_unknown(&mut self, d_rank: u16) -> Result<(), PlanError> {
         self.step(d_rank, |s| {
-            (s == EdgeState::Posted).then_some(EdgeState::Failed { posted: true })
+            matches!(s, EdgeState::Posted | EdgeState::Unknown).then_some(EdgeState::Landed)
         })
+    }
+
+    /// The posted WRITE ended with a backend error (its own, or another transfer's to the
+    /// same peer): nothing more of it lands, so a `PUSH_FAIL` is owed (F7).
+    ///
+    /// # Errors
+    /// `WrongState` unless the edge is posted or unknown.
+    pub fn backend_error(&mut self, d_rank: u16) -> Result<(), PlanError> {
+        self.step(d_rank, |s| {
+            matches!(s, EdgeState::Posted | EdgeState::Unknown)
+                .then_some(EdgeState::Failed { posted: true })
+        })
+    }
+
+    /// Alias of [`backend_error`](Self::backend_error), kept for the fuzz harness.
+    ///
+    /// # Errors
+    /// As [`backend_error`](Self::backend_error).
+    pub fn failed(&mut self, d_rank: u16) -> Result<(), PlanError> {
+        self.backend_error(d_rank)
+    }
+
+    /// The posted WRITE's status cannot be read (NOT_FOUND the producer did not cause): it
+    /// may still land. No notice is owed and the edge stays non-terminal (F7).
+    ///
+    /// # Errors
+    /// `WrongState` unless the edge is posted (or already unknown, which is a no-op).
+    pub fn status_unknown(&mut self, d_rank: u16) -> Result<(), PlanError> {
+        self.step(d_rank, |s| {
+            matches!(s, EdgeState::Posted | EdgeState::Unknown).then_some(EdgeState::Unknown)
+        })
+    }
+
+    /// Whether an edge's write is posted and its status unknown.
+    pub fn has_unknown(&self) -> bool {
+        self.edges.iter().any(|e| e.state == EdgeState::Unknown)
     }
 
     /// The consumer rank cannot be named or reached: no notice can be sent for it.
@@ -322,7 +388,7 @@ impl PushPlan {
     /// `WrongState` if the edge already landed or its notice went out.
     pub fn unreachable(&mut self, d_rank: u16) -> Result<(), PlanError> {
         self.step(d_rank, |s| match s {
-            EdgeState::Landed | EdgeState::Noticed | EdgeState::Posted => None,
+            EdgeState::Landed | EdgeState::Noticed | EdgeState::Posted | EdgeState::Unknown => None,
             _ => Some(EdgeState::Unreachable),
         })
     }
@@ -363,9 +429,12 @@ impl PushPlan {
     /// No WRITE of this request is in flight or still to be posted: the source blocks may
     /// be released (never before, whatever the lease says: F3).
     pub fn is_terminal(&self) -> bool {
-        self.edges
-            .iter()
-            .all(|e| !matches!(e.state, EdgeState::Planned | EdgeState::Posted))
+        self.edges.iter().all(|e| {
+            !matches!(
+                e.state,
+                EdgeState::Planned | EdgeState::Posted | EdgeState::Unknown
+            )
+        })
     }
 
     /// Whether every edge landed.
@@ -495,5 +564,44 @@ mod tests {
             Err(PlanError::WrongState(0, EdgeState::Failed { posted: true }))
         );
         assert_eq!(plan.posted(9), Err(PlanError::UnknownEdge(9)));
+    }
+
+    #[test]
+    fn f7_unknown_status_owes_nothing_and_keeps_sources_fenced() {
+        let t = topo(1, 1, 2, true);
+        let mut plan = PushPlan::new(&t, 0, 0).unwrap();
+        plan.posted(0).unwrap();
+        plan.posted(1).unwrap();
+        // NOT_FOUND we did not cause: unknown, nothing owed, not terminal.
+        plan.status_unknown(0).unwrap();
+        plan.landed(1).unwrap();
+        assert_eq!(plan.owed_notices().count(), 0);
+        assert!(
+            !plan.is_terminal(),
+            "an unknown write keeps the sources fenced"
+        );
+        assert!(plan.has_unknown());
+        assert_eq!(
+            plan.unreachable(0),
+            Err(PlanError::WrongState(0, EdgeState::Unknown))
+        );
+        // Retiring does not turn an unknown posted edge into a notice.
+        plan.retire();
+        assert_eq!(plan.owed_notices().count(), 0);
+        // A later backend error (this or another transfer to the same peer) bounds it.
+        plan.backend_error(0).unwrap();
+        assert!(plan.owed_notices().eq([0]));
+        assert!(plan.is_terminal());
+
+        // Or the handle reports Success after all.
+        let mut plan = PushPlan::new(&t, 0, 0).unwrap();
+        plan.posted(0).unwrap();
+        plan.status_unknown(0).unwrap();
+        assert_eq!(
+            plan.landed(0),
+            Err(PlanError::WrongState(0, EdgeState::Unknown))
+        );
+        plan.landed_after_unknown(0).unwrap();
+        assert_eq!(plan.edges()[0].state, EdgeState::Landed);
     }
 }

@@ -197,19 +197,7 @@ impl UcxAgent {
     /// fails forever once a non-UTF-8 message arrives. Entries the map cannot hand out through
     /// the safe API (a sender name that is not UTF-8, an internal lookup error) are skipped.
     pub fn drain_notifications(&self) -> Result<Vec<(String, Vec<u8>)>, AgentError> {
-        let mut map = NotificationMap::new()
-            .map_err(|source| self.nixl_err("NotificationMap::new", source))?;
-        self.agent
-            .get_notifications(&mut map, None)
-            .map_err(|source| self.nixl_err("get_notifications", source))?;
-        let mut out = Vec::new();
-        for sender in map.agents().flatten() {
-            let Ok(messages) = map.get_notifications(sender) else {
-                continue;
-            };
-            out.extend(messages.flatten().map(|m| (sender.to_owned(), m)));
-        }
-        Ok(out)
+        drain_notifications(&self.agent, &self.name)
     }
 
     fn nixl_err(&self, op: &'static str, source: NixlError) -> AgentError {
@@ -219,4 +207,34 @@ impl UcxAgent {
             source,
         }
     }
+}
+
+/// [`UcxAgent::drain_notifications`] on a bare `nixl_sys::Agent` (which is `Sync`), for a
+/// thread that only drains; `name` labels errors.
+///
+/// # Errors
+/// [`AgentError`] if NIXL refused.
+pub fn drain_notifications(
+    agent: &Agent,
+    name: &str,
+) -> Result<Vec<(String, Vec<u8>)>, AgentError> {
+    let err = |op: &'static str| {
+        move |source| AgentError::Nixl {
+            agent: name.to_owned(),
+            op,
+            source,
+        }
+    };
+    let mut map = NotificationMap::new().map_err(err("NotificationMap::new"))?;
+    agent
+        .get_notifications(&mut map, None)
+        .map_err(err("get_notifications"))?;
+    let mut out = Vec::new();
+    for sender in map.agents().flatten() {
+        let Ok(messages) = map.get_notifications(sender) else {
+            continue;
+        };
+        out.extend(messages.flatten().map(|m| (sender.to_owned(), m)));
+    }
+    Ok(out)
 }

@@ -1,5 +1,7 @@
-//! `kvdrain-nixl`: the std glue between kvdrain and real NIXL. It moves bytes, calls the core
-//! and calls the engine's hooks; every protocol decision is the core's.
+//! `kvdrain-nixl`: the std glue between kvdrain and real NIXL. It moves bytes, reads the
+//! clock, and calls the engine's hooks; every protocol decision is the core's or the
+//! drivers' (`kvdrain-driver`): this crate implements their
+//! [`Transport`](kvdrain_driver::Transport) over NIXL ([`transport`]) and drives them.
 //!
 //! NIXL is reached through `nixl-sys` built with `stub-api`: nothing links against NIXL at build
 //! time, and the real `libnixl_capi.so` (from the `nixl-cu12` wheel, installed into `<repo>/.nixl`
@@ -11,10 +13,11 @@
 //! | --- | --- |
 //! | [`loader`] | finds and loads the runtime, never aborts |
 //! | [`agent`] | an agent with a UCX backend and DRAM registrations kept alive in drop order |
-//! | [`consumer`] | D: notifications → core → [`consumer::BlockRelease`]; `PUSH_REG`, `HB`, fences |
-//! | [`producer`] | P: one WRITE per edge, polled to the end, `PUSH_FAIL` as the plan says |
-//! | [`registration`] | the `PUSH_REG:` msgpack map with vLLM's field names |
-//! | [`directory`] | producer agent names ↔ the core's `AgentId`s |
+//! | [`consumer`] | D: the consumer driver over NIXL, decisions → [`consumer::BlockRelease`] |
+//! | [`producer`] | P: the producer driver over NIXL, releases → [`producer::SourceBlocks`] |
+//! | [`transport`] | the drivers' transport over NIXL: WRITEs, status polls, notifications, handshake cache |
+//! | [`registration`] | (re-export from `kvdrain-driver`) the `PUSH_REG:` msgpack map |
+//! | [`directory`] | (re-export from `kvdrain-driver`) producer agent names ↔ `AgentId`s |
 //! | [`handshake`] | what P needs to write into a D rank, and where it comes from |
 //! | [`descriptors`] | the byte spans of one WRITE |
 //! | [`pool`] | DRAM KV block pools (tests, demo) |
@@ -32,14 +35,14 @@
 pub mod agent;
 pub mod consumer;
 pub mod descriptors;
-pub mod directory;
 pub mod handshake;
 pub mod loader;
 pub mod metrics;
 pub mod pool;
 pub mod producer;
-pub mod registration;
 pub mod testbed;
+pub mod transport;
 
+pub use kvdrain_driver::{directory, registration};
 pub use loader::{NixlLoadError, ensure_nixl};
 pub use nixl_sys;

@@ -31,7 +31,8 @@
 //! | `kvdrain:nixl_num_heartbeats` | | heartbeat ids producers passed to the engine |
 //! | `kvdrain:nixl_num_posted_writes` | | writes posted |
 //! | `kvdrain:nixl_num_landed_writes` | | writes that landed |
-//! | `kvdrain:nixl_num_failed_transfers` | `cause` | writes that did not land: `post` (could not be described or posted, C2), `after_post` (F7), `handshake` (F8) |
+//! | `kvdrain:nixl_num_failed_transfers` | `cause` | writes that did not land, or not known to: `post` (could not be described or posted, C2), `after_post` (a backend error after posting, F7), `status_unknown` (NIXL lost the handle's status: no `PUSH_FAIL`, sources stay fenced, F7), `handshake` (F8) |
+//! | `kvdrain:nixl_num_expired_leases` | | producer leases that ran out with no write in flight (the sources went back) |
 //! | `kvdrain:nixl_num_released_sources` | | requests whose source blocks producers handed back |
 //! | `kvdrain:nixl_num_unplannable_registrations` | | registrations whose topology could not be planned |
 //!
@@ -84,6 +85,7 @@ pub struct Metrics {
     failed_transfers: Counters_,
     released_sources: Counter,
     unplannable: Counter,
+    expired_leases: Counter,
 }
 
 fn set(counter: &Counter, value: u64) {
@@ -103,7 +105,7 @@ impl Metrics {
     /// Registers every metric in `registry` (an engine's, or a fresh one).
     pub fn register(&self, registry: &mut Registry) {
         let m = self.clone();
-        let counters: [(&str, &str, Counter); 15] = [
+        let counters: [(&str, &str, Counter); 16] = [
             (
                 "kvdrain:nixl_num_registered_reqs",
                 "Requests a consumer registered for pushed KV",
@@ -174,6 +176,11 @@ impl Metrics {
                 "kvdrain:nixl_num_unplannable_registrations",
                 "Registrations whose topology could not be planned",
                 m.unplannable,
+            ),
+            (
+                "kvdrain:nixl_num_expired_leases",
+                "Producer leases that ran out with no write in flight",
+                m.expired_leases,
             ),
         ];
         for (name, help, counter) in counters {
@@ -308,6 +315,8 @@ impl Metrics {
             sum.notices_unsendable += c.notices_unsendable;
             sum.released += c.released;
             sum.unplannable += c.unplannable;
+            sum.status_unknown += c.status_unknown;
+            sum.leases_expired += c.leases_expired;
         }
         let c = sum;
         for (outcome, n) in [
@@ -330,6 +339,7 @@ impl Metrics {
         for (cause, n) in [
             ("post", c.post_failures),
             ("after_post", c.failed_after_post),
+            ("status_unknown", c.status_unknown),
             ("handshake", c.handshake_failures),
         ] {
             set_in(&self.failed_transfers, &[("cause", cause)], n);
@@ -339,6 +349,7 @@ impl Metrics {
         set_in(&self.unsent, &labels, c.notices_unsendable);
         set(&self.released_sources, c.released);
         set(&self.unplannable, c.unplannable);
+        set(&self.expired_leases, c.leases_expired);
     }
 }
 
@@ -493,7 +504,7 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), all, "a family declared twice");
-        assert_eq!(all, 23);
+        assert_eq!(all, 24);
     }
 
     #[test]

@@ -162,14 +162,8 @@ impl ProducerSide {
             let pool = DramPool::new(cfg.p_block_len, cfg.blocks);
             let mut agent = agent(cfg, &format!("p{r}"))?;
             agent.register_dram(pool.layout().region())?;
-            let config = ProducerConfig {
-                engine_id: P_ENGINE.to_owned(),
-                tp_rank: r,
-                tp_size: cfg.p_tp,
-                pp_stage: 0,
-                pp_size: 1,
-                mla: false,
-            };
+            let mut config = ProducerConfig::new(P_ENGINE, r, cfg.p_tp);
+            config.lease_ms = cfg.lease_ms;
             pushers.push(Pusher::new(agent, config, pool.layout()));
             pools.push(pool);
         }

@@ -166,6 +166,77 @@ fn tp2_to_tp1(progress_thread: bool) {
     assert!(tb.d.consumer.latency().quantile(0.99).is_some());
 }
 
+/// The consumer as designed: a pump thread drains NIXL notifications into the driver's
+/// lock-free ingest half while this thread is the engine thread (registrations, ticks,
+/// decisions). Bytes are checked inside the `completed` hook.
+#[test]
+fn tp2_to_tp1_with_a_pump_thread() {
+    let _s = serial();
+    if !require_nixl_or_skip("tp2_to_tp1_with_a_pump_thread") {
+        return;
+    }
+    let cfg = TestbedConfig::new(&prefix("pump"));
+    let mut tb = Testbed::new(&cfg).expect("testbed over real NIXL");
+    let mut e = Engines::new(cfg.p_tp);
+    let seeds = |id: &str| -> u64 {
+        id.rsplit('-')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+            + 100
+    };
+    for n in 0..8 {
+        fill_sources(&tb, n, n + 100);
+        offer_all(&mut tb, n, n);
+    }
+    let Testbed { d, p, handshake } = &mut tb;
+    d.consumer.with_pump_thread(|engine| {
+        for n in 0..8 {
+            let pid = p_id(n);
+            let registered = engine
+                .register(kvdrain_nixl::consumer::PushRequest {
+                    id: &d_id(n),
+                    producer_engine: kvdrain_nixl::testbed::P_ENGINE,
+                    remote_request_id: &pid,
+                    transfer_id: Some(&pid),
+                    blocks: BlockHandle(n),
+                    block_ids: block_ids(n),
+                    deadline_ms: None,
+                })
+                .expect("register");
+            assert!(registered.unreached.is_empty());
+        }
+        let start = std::time::Instant::now();
+        while !(0..8).all(|n| e.d.saw("decode", &d_id(n))) {
+            assert!(start.elapsed() < LIMIT, "D {:?}", e.d.events);
+            assert!(engine.pump_error().is_none());
+            for (r, pusher) in p.pushers.iter_mut().enumerate() {
+                pusher.tick(handshake, &mut e.p[r]).expect("producer tick");
+            }
+            let mut check = CheckAtDecode {
+                pool: &d.pool,
+                cfg: &cfg,
+                seeds: &seeds,
+                inner: &mut e,
+            };
+            engine.poll(&mut check);
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    });
+    let c = tb.d.consumer.core_counters();
+    assert_eq!(
+        (c.engine.completed, c.engine.failed, c.ingest.completions),
+        (8, 0, 16)
+    );
+    assert_eq!(
+        tb.d.consumer.counters().notifications,
+        16,
+        "all drained by the pump"
+    );
+    assert_eq!(tb.d.consumer.latency().count(), 8);
+    assert_eq!(tb.d.consumer.ingest_latency().count(), 8);
+}
+
 /// The three scenarios of vLLM PR #50754 (P TP2 → D TP1, D expects 2), ten times each, each
 /// followed by a healthy request that reuses the same source data and the same D blocks.
 #[test]
@@ -203,8 +274,10 @@ fn pr50754_scenarios_ten_times_each_then_a_healthy_request() {
             for p in &mut tb.p.pushers {
                 p.offer(kvdrain_nixl::producer::Offer {
                     request_id: pid.clone(),
+                    transfer_id: None,
                     block_ids: block_ids(0),
-                });
+                })
+                .expect("offer");
             }
             clear_d_blocks(&tb, 0);
             tb.d.consumer

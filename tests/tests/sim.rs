@@ -95,6 +95,33 @@ fn repeats_in_counting_mode_are_caught() {
     assert!(early, "{:#?}", report.first_violations);
 }
 
+/// No settling (`settle_ms = 0`, vLLM's behaviour) while failed WRITEs keep landing after
+/// their error (issue 9): the consumer releases at the failure notice and the memory model
+/// sees bytes land in released or reused blocks.
+#[test]
+fn late_landing_without_settling_is_caught() {
+    let config = SimConfig::new(1, 10_000, fixed(2, 1, 1)).with_broken(Broken::NoSettle);
+    let report = run(config).expect("a valid topology");
+    assert!(report.faults.late_landing > 0);
+    let late = report.first_violations.iter().any(|v| {
+        v.what.contains("released while") && v.what.contains("may still land")
+            || v.what.contains("landed in block")
+    });
+    assert!(late, "{:#?}", report.first_violations);
+}
+
+/// With the core's settling (`settle_ms` > the late-landing window) the same fault is
+/// harmless.
+#[test]
+fn late_landing_with_settling_is_clean() {
+    for (seed, shape) in [(1, fixed(2, 1, 1)), (2, fixed(4, 2, 2)), (3, Shape::Random)] {
+        let report =
+            run(SimConfig::new(seed, 10_000, shape).with_late_landing()).expect("a valid topology");
+        assert!(report.faults.late_landing > 0);
+        assert_clean(&report);
+    }
+}
+
 /// Every fault class fires at 10⁵ requests, with no violation, on each topology.
 #[test]
 #[ignore = "10^5 requests per topology: run with --release (tests/README.md)"]
@@ -109,6 +136,10 @@ fn every_fault_class_fires_at_1e5_requests() {
         let report = simulate(seed, 100_000, shape);
         assert_clean(&report);
         for (name, n) in report.faults.entries() {
+            // Off until the core settles failure notices (late_landing_with_settling_is_clean).
+            if name == "late_landing" {
+                continue;
+            }
             assert!(
                 n > 0,
                 "{} seed {seed}: fault {name} never injected",

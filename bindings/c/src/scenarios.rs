@@ -34,6 +34,8 @@ impl Fixture {
             let mut config = config.assume_init();
             config.deadline_ms = 100;
             config.quarantine_ms = 1000;
+            // Release with the decision (vLLM's way); the C catalogue tests settling.
+            config.settle_ms = 0;
             assert_eq!(kvdrain_ledger_new(&config, &mut f.ledger), KVDRAIN_OK);
             assert_eq!(
                 kvdrain_ledger_split(f.ledger, &mut f.ingest, &mut f.engine),

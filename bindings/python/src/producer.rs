@@ -34,6 +34,7 @@ fn state_name(s: EdgeState) -> &'static str {
         EdgeState::Landed => "landed",
         EdgeState::Failed { posted: true } => "failed_posted",
         EdgeState::Failed { posted: false } => "failed_unposted",
+        EdgeState::Unknown => "unknown",
         EdgeState::Noticed => "noticed",
         EdgeState::Unreachable => "unreachable",
     }

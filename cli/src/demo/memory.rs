@@ -1,146 +1,196 @@
-//! The demo's fallback transport: the producer ranks copy their blocks into D's memory with
-//! `memcpy` and queue their notifications in memory. The tracker ([`Ledger`]) and the
-//! producers' [`PushPlan`]s are the real ones; only NIXL is missing.
+//! The demo's fallback transport: the same producer and consumer drivers as over NIXL,
+//! driven through the in-process [`MemoryFabric`]; a landed WRITE is copied into D's memory
+//! here (`memcpy`), and its completion travels through the fabric's mailboxes. Only NIXL
+//! is missing.
 
-use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-use kvdrain::producer::{PushPlan, Topology};
-use kvdrain::wire::Body;
-use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Noticed, Registration};
+use kvdrain::{BlockHandle, Config, Noticed};
+use kvdrain_driver::Transport;
+use kvdrain_driver::consumer::{
+    ConsumerConfig, ConsumerDriver, ConsumerEvent, ProducerEngine, PushRequest,
+};
+use kvdrain_driver::memory::{MemoryFabric, MemoryTransport, MemoryWrite, WriteFault};
+use kvdrain_driver::producer::{Offer, ProducerConfig, ProducerDriver, ProducerEvent};
 
 use super::report::latency_histogram;
 use super::{Options, P_TP, Percentiles, Progress, Summary, pattern};
 
+const P_ENGINE: &str = "demo-p";
+const D_ENGINE: &str = "demo-d";
+
 /// Runs the demo without NIXL.
 pub fn run(o: &Options) -> Summary {
     let start = Instant::now();
+    let now_ms = || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
     let p_len = o.block_size / usize::from(P_TP);
-    let request_len = o.blocks * o.block_size;
-    let topology = Topology {
-        p_tp: P_TP,
-        p_pp: 1,
-        d_tp: 1,
-        mla: false,
-    };
-    let agents: Vec<AgentId> = (0..P_TP).map(AgentId).collect();
-    // The copies here are synchronous and a failure notice is only sent for a write that
-    // was never posted: nothing can land after it, so nothing needs to settle (rule 8).
-    let mut ledger: Box<Ledger<1024, 8>> = Box::new(Ledger::new(Config {
-        settle_ms: 0,
-        ..Config::with_capacity(1024)
+    let fabric = MemoryFabric::new();
+    let mut dt = fabric.endpoint("d0");
+    fabric.publish_consumer(D_ENGINE, 0, "d0");
+    let failing = o.clone();
+    fabric.set_fault_script(Some(Box::new(move |spec| {
+        let n = spec
+            .producer_request_id
+            .strip_prefix("p-")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(u64::MAX);
+        if failing.fails(n, spec.tp_rank) {
+            WriteFault::Descriptor
+        } else {
+            WriteFault::None
+        }
+    })));
+    let mut d: Box<ConsumerDriver<1024, 8>> = Box::new(ConsumerDriver::new(ConsumerConfig {
+        engine_id: D_ENGINE.into(),
+        host: "127.0.0.1".into(),
+        port: 0,
+        tp_rank: 0,
+        tp_size: 1,
+        lease_ms: 30_000,
+        // The injected faults refuse a write before it is posted, so nothing can land after
+        // its failure notice; settling would only hold slots of the window (`bench ingest`
+        // and the NIXL testbed do the same).
+        ledger: Config {
+            settle_ms: 0,
+            ..Config::with_capacity(1024)
+        },
     }));
-    let mut d_mem = vec![0u8; o.window * request_len];
-    let mut free: Vec<u64> = (0..o.window as u64).rev().collect();
-    let mut request_in_slot: HashMap<u64, u64> = HashMap::new();
-    let mut wire: VecDeque<(AgentId, Vec<u8>)> = VecDeque::new();
-    let mut latencies = latency_histogram();
+    let mut producers: Vec<(ProducerDriver<MemoryWrite>, MemoryTransport)> = (0..P_TP)
+        .map(|r| {
+            let config = ProducerConfig::new(P_ENGINE, r, P_TP);
+            (
+                ProducerDriver::new(config),
+                fabric.endpoint(&format!("p{r}")),
+            )
+        })
+        .collect();
+    let engine = ProducerEngine {
+        engine_id: P_ENGINE.into(),
+        host: "127.0.0.1".into(),
+        port: 0,
+        tp_size: P_TP,
+        pp_size: 1,
+        mla: false,
+        agents: (0..P_TP).map(|r| format!("p{r}")).collect(),
+    };
     let mut s = Summary {
-        transport: "in-process memcpy (no NIXL)".to_owned(),
+        transport: "in-process memcpy (no NIXL), the same drivers".to_owned(),
         requests: o.requests,
         ..Summary::default()
     };
+    if let Err(e) = d.add_producer_engine(engine) {
+        eprintln!("kvdrain demo: {e}");
+        s.unfinished = o.requests;
+        return s;
+    }
+    let mut d_mem = vec![0u8; o.window * o.blocks * o.block_size];
+    let mut free: Vec<u64> = (0..o.window as u64).rev().collect();
+    let mut request_in_slot = vec![u64::MAX; o.window];
+    let mut latencies = latency_histogram();
     let mut progress = Progress::new(o.requests);
-    let mut next = 0u64;
-    let mut decided = 0u64;
-    let mut decisions = Vec::new();
+    let mut batch = Vec::new();
+    let (mut next, mut decided) = (0u64, 0u64);
     while decided < o.requests {
         while next < o.requests {
             let Some(slot) = free.pop() else { break };
             let n = next;
             next += 1;
-            let id = format!("d-{n}");
-            request_in_slot.insert(slot, n);
-            let registered = ledger.register(Registration {
-                id: &id,
-                blocks: BlockHandle(slot),
-                expect: Expect::Edges(&agents),
-                deadline_ms: None,
-            });
+            let (pid, did) = (format!("p-{n}"), format!("d-{n}"));
+            request_in_slot[slot as usize] = n;
+            let blocks: Vec<u64> = (slot * o.blocks as u64..(slot + 1) * o.blocks as u64).collect();
+            for (p, _) in &mut producers {
+                let offer = Offer {
+                    request_id: pid.clone(),
+                    transfer_id: None,
+                    block_ids: vec![blocks.clone()],
+                };
+                // Ids are unique and the window is below the table's capacity.
+                let _ = p.offer(offer, now_ms());
+            }
+            let registered = d.register(
+                &mut dt,
+                PushRequest {
+                    id: &did,
+                    producer_engine: P_ENGINE,
+                    remote_request_id: &pid,
+                    transfer_id: Some(&pid),
+                    blocks: BlockHandle(slot),
+                    block_ids: vec![blocks],
+                    deadline_ms: None,
+                },
+                now_ms(),
+            );
             if registered.is_err() {
                 free.push(slot);
                 s.unfinished += 1;
                 decided += 1;
-                continue;
-            }
-            for rank in 0..P_TP {
-                let Ok(mut plan) = PushPlan::new(&topology, 0, rank) else {
-                    continue;
-                };
-                let body = Body {
-                    request_id: &id,
-                    tp_size: P_TP,
-                };
-                for edge in plan.edges().to_vec() {
-                    if o.fails(n, rank) {
-                        let _ = plan.post_failed(edge.d_rank);
-                        continue;
-                    }
-                    let base = slot as usize * request_len;
-                    for b in 0..o.blocks {
-                        let at = base + b * o.block_size + usize::from(rank) * p_len;
-                        d_mem[at..at + p_len].copy_from_slice(&pattern(n, rank, b, p_len));
-                    }
-                    let _ = plan.posted(edge.d_rank);
-                    let _ = plan.landed(edge.d_rank);
-                    s.bytes += (o.blocks * p_len) as u64;
-                    let mut msg = vec![0; body.encoded_len()];
-                    let _ = body.encode(&mut msg);
-                    wire.push_back((AgentId(rank), msg));
-                }
-                for d in plan.owed_notices().collect::<Vec<_>>() {
-                    let mut msg =
-                        vec![0; kvdrain::wire::PUSH_FAIL_PREFIX.len() + body.encoded_len()];
-                    let _ = body.encode_failure(&mut msg);
-                    wire.push_back((AgentId(rank), msg));
-                    let _ = plan.noticed(d);
-                }
             }
         }
+        for (p, t) in &mut producers {
+            // The memory transport never fails to drain.
+            let _ = p.tick(t, now_ms());
+            while let Some(
+                ProducerEvent::SourceReleased { .. } | ProducerEvent::LeaseExtended { .. },
+            ) = p.poll_event()
+            {}
+        }
+        for w in fabric.take_landed() {
+            let n = request_in_slot
+                .get(w.dest[0][0] as usize / o.blocks)
+                .copied()
+                .unwrap_or(u64::MAX);
+            for (b, &block) in w.dest[0].iter().enumerate() {
+                let at = block as usize * o.block_size + usize::from(w.tp_rank) * p_len;
+                d_mem[at..at + p_len].copy_from_slice(&pattern(n, w.tp_rank, b, p_len));
+            }
+            s.bytes += (o.blocks * p_len) as u64;
+        }
+        batch.clear();
+        let _ = dt.drain_notifications(&mut batch);
         let received = Instant::now();
-        while let Some((agent, msg)) = wire.pop_front() {
-            if let Ok(Noticed::Decided) = ledger.handle_notification(agent, &msg) {
-                ledger.poll(|d| decisions.push(d));
-                latencies.saturating_record(received.elapsed().as_nanos() as u64);
+        for (sender, bytes) in &batch {
+            if let Ok(Noticed::Decided) = d.ingest(sender, bytes) {
+                latencies.saturating_record(
+                    u64::try_from(received.elapsed().as_nanos()).unwrap_or(u64::MAX),
+                );
             }
         }
-        let now = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let _ = ledger.advance(now, |d| decisions.push(d));
-        for d in decisions.drain(..) {
-            match d {
-                Decision::Completed(t) => {
-                    let slot = t.into_decode().0;
-                    let n = request_in_slot.get(&slot).copied().unwrap_or(u64::MAX);
-                    let base = slot as usize * request_len;
+        let _ = d.poll(&mut dt, now_ms());
+        while let Some(event) = d.poll_event() {
+            match event {
+                ConsumerEvent::Decode { blocks, .. } => {
+                    let slot = blocks.0 as usize;
+                    let n = request_in_slot[slot];
                     let intact = (0..o.blocks).all(|b| {
                         (0..P_TP).all(|r| {
-                            let at = base + b * o.block_size + usize::from(r) * p_len;
+                            let block = slot * o.blocks + b;
+                            let at = block * o.block_size + usize::from(r) * p_len;
                             d_mem[at..at + p_len] == pattern(n, r, b, p_len)[..]
                         })
                     });
                     s.corrupt += u64::from(!intact);
                     s.completed += 1;
                     decided += 1;
-                    free.push(slot);
+                    free.push(blocks.0);
                 }
-                Decision::Failed(_) => {
+                ConsumerEvent::Failed { .. } => {
                     s.failed += 1;
                     decided += 1;
                 }
-                Decision::Expired(_) => {
+                ConsumerEvent::Expired { .. } => {
                     s.expired += 1;
                     decided += 1;
                 }
-                Decision::Released(r) => {
-                    s.forced += u64::from(r.forced());
-                    free.push(r.into_free().0);
+                ConsumerEvent::Release { blocks, forced, .. } => {
+                    s.forced += u64::from(forced);
+                    free.push(blocks.0);
                 }
             }
         }
         progress.update(decided);
     }
     progress.finish();
-    let c = ledger.counters();
+    let c = d.core_counters();
     s.completions = c.ingest.completions;
     s.failure_notices = c.ingest.failure_notices;
     s.latency = Percentiles::of(&latencies);

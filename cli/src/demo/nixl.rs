@@ -6,12 +6,47 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use kvdrain::{BlockHandle, Outstanding};
-use kvdrain_nixl::consumer::{BlockRelease, PushRequest, PushedRequest};
+use kvdrain_nixl::consumer::{BlockRelease, Consumer, EngineSide, PushRequest, PushedRequest};
 use kvdrain_nixl::pool::DramPool;
 use kvdrain_nixl::producer::{Fault, FaultInjector, Offer, SourceBlocks};
 use kvdrain_nixl::testbed::{P_ENGINE, Testbed, TestbedConfig};
 
 use super::{Options, P_TP, Percentiles, Progress, Summary, pattern};
+
+/// The consumer as the demo's loop drives it: on the loop's thread, or as the engine side
+/// of a two-thread pump.
+trait Pump {
+    fn register(&mut self, request: PushRequest<'_>) -> Result<(), String>;
+    /// One round; whether anything happened.
+    fn step(&mut self, d: &mut DecodeSide<'_>) -> Result<bool, String>;
+}
+
+impl<const N: usize> Pump for Consumer<N> {
+    fn register(&mut self, request: PushRequest<'_>) -> Result<(), String> {
+        Consumer::register(self, request)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+    fn step(&mut self, d: &mut DecodeSide<'_>) -> Result<bool, String> {
+        self.poll(d)
+            .map(|r| r.notifications > 0)
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl<const N: usize, const E: usize> Pump for EngineSide<'_, N, E> {
+    fn register(&mut self, request: PushRequest<'_>) -> Result<(), String> {
+        EngineSide::register(self, request)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+    fn step(&mut self, d: &mut DecodeSide<'_>) -> Result<bool, String> {
+        if let Some(e) = self.pump_error() {
+            return Err(format!("pump thread: {e}"));
+        }
+        Ok(self.poll(d) > 0)
+    }
+}
 
 /// A run stops waiting after this long without any decision.
 const STALL: Duration = Duration::from_secs(60);
@@ -162,82 +197,34 @@ pub fn run(o: &Options) -> Result<Summary, String> {
     };
     let mut slot_of: HashMap<String, u64> = HashMap::new();
     let mut progress = Progress::new(o.requests);
-    let (mut next, mut decided) = (0u64, 0u64);
-    let mut last_decision = (Instant::now(), 0u64);
-    // A NIXL error mid-run ends the run (reported, not hidden behind the fallback).
+    let mut decided = 0u64;
     let mut stopped: Option<String> = None;
-    'run: while decided < o.requests {
-        while next < o.requests {
-            let Some(slot) = slots.free.pop() else { break };
-            let n = next;
-            next += 1;
-            let (pid, did) = (format!("p-{n}"), format!("d-{n}"));
-            slots.request.insert(slot, n);
-            slots.holders.insert(slot, 1 + P_TP as u8);
-            slot_of.insert(pid.clone(), slot);
-            for (r, pool) in tb.p.pools.iter().enumerate() {
-                for (b, &id) in block_ids(o, slot)[0].iter().enumerate() {
-                    pool.write(id, &pattern(n, r as u16, b, p_len));
-                }
-            }
-            for p in &mut tb.p.pushers {
-                p.offer(Offer {
-                    request_id: pid.clone(),
-                    block_ids: block_ids(o, slot),
-                });
-            }
-            let registered = tb.d.consumer.register(PushRequest {
-                id: &did,
-                producer_engine: P_ENGINE,
-                remote_request_id: &pid,
-                transfer_id: Some(&pid),
-                blocks: BlockHandle(slot),
-                block_ids: block_ids(o, slot),
-                deadline_ms: None,
-            });
-            if let Err(e) = registered {
-                stopped = Some(format!("registration refused: {e}"));
-                break 'run;
-            }
-        }
-        let mut busy = false;
-        for p in &mut tb.p.pushers {
-            let mut src = SourceSide {
-                slots: &mut slots,
-                slot_of: &slot_of,
-            };
-            match p.tick(&mut tb.handshake, &mut src) {
-                Ok(t) => busy |= t.notifications + t.posted + t.finished + t.notices > 0,
-                Err(e) => {
-                    stopped = Some(format!("producer tick: {e}"));
-                    break 'run;
-                }
-            }
-        }
-        let mut d = DecodeSide {
-            pool: &tb.d.pool,
-            o,
-            slots: &mut slots,
-            s: &mut s,
-            decided: &mut decided,
-        };
-        match tb.d.consumer.poll(&mut d) {
-            Ok(report) => busy |= report.notifications > 0,
-            Err(e) => {
-                stopped = Some(format!("consumer poll: {e}"));
-                break 'run;
-            }
-        }
-        progress.update(decided);
-        if decided != last_decision.1 {
-            last_decision = (Instant::now(), decided);
-        } else if last_decision.0.elapsed() > STALL {
-            stopped = Some(format!("no decision for {STALL:?}"));
-            break;
-        }
-        if !busy {
-            std::thread::yield_now();
-        }
+    let Testbed {
+        p,
+        d: dside,
+        handshake,
+        ..
+    } = &mut tb;
+    let mut world = Loop {
+        o,
+        p_len,
+        pushers: &mut p.pushers,
+        pools: &p.pools,
+        handshake,
+        d_pool: &dside.pool,
+        slots: &mut slots,
+        slot_of: &mut slot_of,
+        s: &mut s,
+        progress: &mut progress,
+        decided: &mut decided,
+    };
+    let result = if o.pump_thread {
+        dside.consumer.with_pump_thread(|engine| world.run(engine))
+    } else {
+        world.run(&mut dside.consumer)
+    };
+    if let Err(why) = result {
+        stopped = Some(why);
     }
     if let Some(why) = stopped {
         eprintln!("kvdrain demo: stopped early: {why}");
@@ -263,6 +250,8 @@ pub fn run(o: &Options) -> Result<Summary, String> {
     let landed: u64 = tb.p.pushers.iter().map(|p| p.counters().landed).sum();
     s.bytes = landed * (o.blocks * p_len) as u64;
     s.latency = Percentiles::of(tb.d.consumer.latency().histogram());
+    let ingest = tb.d.consumer.ingest_latency().histogram();
+    s.ingest_latency = (!ingest.is_empty()).then(|| Percentiles::of(ingest));
     let metrics = kvdrain_nixl::metrics::Metrics::new();
     let (core, glue) = (tb.d.consumer.core_counters(), tb.d.consumer.counters());
     metrics.observe_consumer(&core, &glue, tb.d.consumer.latency());
@@ -275,4 +264,94 @@ pub fn run(o: &Options) -> Result<Summary, String> {
     );
     s.metrics = metrics.encode();
     Ok(s)
+}
+
+/// The demo's main loop state (everything but the consumer).
+struct Loop<'a> {
+    o: &'a Options,
+    p_len: usize,
+    pushers: &'a mut Vec<kvdrain_nixl::producer::Pusher>,
+    pools: &'a [DramPool],
+    handshake: &'a mut kvdrain_nixl::handshake::StaticHandshake,
+    d_pool: &'a DramPool,
+    slots: &'a mut Slots,
+    slot_of: &'a mut HashMap<String, u64>,
+    s: &'a mut Summary,
+    progress: &'a mut Progress,
+    decided: &'a mut u64,
+}
+
+impl Loop<'_> {
+    /// Pushes every request; `Err` says why the run stopped early.
+    fn run(&mut self, pump: &mut impl Pump) -> Result<(), String> {
+        let o = self.o;
+        let p_len = self.p_len;
+        let mut next = 0u64;
+        let mut last_decision = (Instant::now(), 0u64);
+        while *self.decided < o.requests {
+            while next < o.requests {
+                let Some(slot) = self.slots.free.pop() else {
+                    break;
+                };
+                let n = next;
+                next += 1;
+                let (pid, did) = (format!("p-{n}"), format!("d-{n}"));
+                self.slots.request.insert(slot, n);
+                self.slots.holders.insert(slot, 1 + P_TP as u8);
+                self.slot_of.insert(pid.clone(), slot);
+                for (r, pool) in self.pools.iter().enumerate() {
+                    for (b, &id) in block_ids(o, slot)[0].iter().enumerate() {
+                        pool.write(id, &pattern(n, r as u16, b, p_len));
+                    }
+                }
+                for p in self.pushers.iter_mut() {
+                    p.offer(Offer {
+                        request_id: pid.clone(),
+                        transfer_id: None,
+                        block_ids: block_ids(o, slot),
+                    })
+                    .map_err(|e| format!("offer refused: {e}"))?;
+                }
+                pump.register(PushRequest {
+                    id: &did,
+                    producer_engine: P_ENGINE,
+                    remote_request_id: &pid,
+                    transfer_id: Some(&pid),
+                    blocks: BlockHandle(slot),
+                    block_ids: block_ids(o, slot),
+                    deadline_ms: None,
+                })
+                .map_err(|e| format!("registration refused: {e}"))?;
+            }
+            let mut busy = false;
+            for p in self.pushers.iter_mut() {
+                let mut src = SourceSide {
+                    slots: self.slots,
+                    slot_of: self.slot_of,
+                };
+                let t = p
+                    .tick(self.handshake, &mut src)
+                    .map_err(|e| format!("producer tick: {e}"))?;
+                busy |= t.notifications + t.posted + t.finished + t.notices > 0;
+            }
+            let mut d = DecodeSide {
+                pool: self.d_pool,
+                o,
+                slots: self.slots,
+                s: self.s,
+                decided: self.decided,
+            };
+            busy |= pump.step(&mut d).map_err(|e| format!("consumer: {e}"))?;
+            self.progress.update(*self.decided);
+            if *self.decided != last_decision.1 {
+                last_decision = (Instant::now(), *self.decided);
+            } else if last_decision.0.elapsed() > STALL {
+                return Err(format!("no decision for {STALL:?}"));
+            }
+            if !busy {
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    }
 }

@@ -33,6 +33,9 @@ pub struct Summary {
     pub failure_notices: u64,
     /// Notification → decision latency.
     pub latency: Percentiles,
+    /// With a pump thread: drain → the decision point in the ingest half (kvdrain's own
+    /// part, before the hand-off to the engine thread); `None` without one.
+    pub ingest_latency: Option<Percentiles>,
     /// Wall time of the run.
     pub wall: Duration,
     /// The metrics exposition (OpenMetrics text; empty where the transport has none).
@@ -98,7 +101,7 @@ fn per_sec(n: f64, wall: Duration) -> f64 {
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let notices = (self.completions + self.failure_notices) as f64;
-        let rows: [(&str, String); 11] = [
+        let rows: [(&str, String); 12] = [
             ("transport", self.transport.clone()),
             ("requests", self.requests.to_string()),
             ("completed", format!("{} (bytes checked)", self.completed)),
@@ -127,6 +130,19 @@ impl fmt::Display for Summary {
                     micros(self.latency.p999),
                     micros(self.latency.max)
                 ),
+            ),
+            (
+                "  of which ingest half",
+                match self.ingest_latency {
+                    Some(l) => format!(
+                        "p50 {}   p99 {}   p99.9 {}   max {} (drain → decision point, pump thread)",
+                        micros(l.p50),
+                        micros(l.p99),
+                        micros(l.p999),
+                        micros(l.max)
+                    ),
+                    None => "(no pump thread)".to_owned(),
+                },
             ),
             (
                 "throughput",

@@ -47,6 +47,10 @@ pub struct SimArgs {
     /// Draw a mixed topology per engine from the seed instead of the sizes.
     #[arg(long)]
     pub random_topology: bool,
+    /// Turn on the late-landing fault: every other failed WRITE keeps landing after its
+    /// error, which the consumers' settling must absorb.
+    #[arg(long)]
+    pub late_landing: bool,
     /// Swap in a deliberately broken consumer, to show the checks fail.
     #[arg(long, value_enum, value_name = "VARIANT")]
     pub broken: Option<BrokenArg>,
@@ -59,6 +63,9 @@ pub enum BrokenArg {
     ReleaseOnAbort,
     /// Repeats notices to counting-mode requests too (vLLM's counting semantics).
     DuplicateCounting,
+    /// No settling (`settle_ms = 0`, vLLM's behaviour) while every failed WRITE keeps
+    /// landing after its error.
+    NoSettle,
 }
 
 impl SimArgs {
@@ -73,16 +80,18 @@ impl SimArgs {
                 d_tp: self.d_tp,
             }
         };
-        SimConfig {
-            seed: self.seed,
-            requests: self.requests,
-            shape,
-            broken: self.broken.map(|b| match b {
+        let mut config = SimConfig::new(self.seed, self.requests, shape);
+        if self.late_landing {
+            config = config.with_late_landing();
+        }
+        if let Some(broken) = self.broken {
+            config = config.with_broken(match broken {
                 BrokenArg::ReleaseOnAbort => Broken::ReleaseOnAbort,
                 BrokenArg::DuplicateCounting => Broken::DuplicateCounting,
-            }),
-            rates: super::Rates::default(),
+                BrokenArg::NoSettle => Broken::NoSettle,
+            });
         }
+        config
     }
 
     /// The arguments as a command line that reproduces the run.
@@ -100,9 +109,13 @@ impl SimArgs {
             );
             line.push_str(&sizes);
         }
+        if self.late_landing {
+            line.push_str(" --late-landing");
+        }
         match self.broken {
             Some(BrokenArg::ReleaseOnAbort) => line.push_str(" --broken release-on-abort"),
             Some(BrokenArg::DuplicateCounting) => line.push_str(" --broken duplicate-counting"),
+            Some(BrokenArg::NoSettle) => line.push_str(" --broken no-settle"),
             None => {}
         }
         line
@@ -146,5 +159,19 @@ mod tests {
         assert!(parse("--seed 1 --requests 1 --random-topology --p-tp 2").is_err());
         assert!(parse("--seed 1 --requests x").is_err());
         assert!(parse("--seed 1 --requests 1 --broken nope").is_err());
+        let c = parse("--seed 1 --requests 1 --late-landing").expect("valid");
+        assert_eq!(
+            c.command_line(),
+            "kvdrain sim --seed 1 --requests 1 --p-tp 2 --p-pp 1 --d-tp 1 --late-landing"
+        );
+        let c = c.config();
+        assert_eq!(
+            (c.rates.late_landing, c.settle_ms),
+            (500_000, super::super::timing::SETTLE)
+        );
+        let c = parse("--seed 1 --requests 1 --broken no-settle")
+            .expect("valid")
+            .config();
+        assert_eq!((c.rates.late_landing, c.settle_ms), (1_000_000, 0));
     }
 }

@@ -6,10 +6,11 @@
 pub struct Rates {
     /// A WRITE fails to post (C2), per edge.
     pub post_fail: u32,
-    /// After a post failure the producer's loop unwinds (the rest is never attempted).
-    pub unwind: u32,
-    /// A posted WRITE fails (F7), per WRITE.
+    /// A posted WRITE fails (F7, a backend error), per WRITE.
     pub write_fail: u32,
+    /// A posted WRITE's status becomes unreadable (F7: NOT_FOUND the producer did not
+    /// cause), per WRITE: it still lands or fails, but the producer cannot know.
+    pub status_unknown: u32,
     /// A failed WRITE landed part of its data first.
     pub partial_data: u32,
     /// A notification is delivered twice (named-edge requests, or after the decision).
@@ -52,14 +53,18 @@ pub struct Rates {
     pub producer_death: u32,
     /// The transport notices the death and fences the dead agent.
     pub fenced: u32,
+    /// A failed WRITE keeps landing for up to `LATE_LANDING` ms after its error, per failed
+    /// WRITE. Off by default until the core settles failure notices (`settle_ms`):
+    /// `kvdrain sim --late-landing` turns it on.
+    pub late_landing: u32,
 }
 
 impl Default for Rates {
     fn default() -> Self {
         Rates {
             post_fail: 8_000,
-            unwind: 500_000,
             write_fail: 10_000,
+            status_unknown: 2_000,
             partial_data: 500_000,
             duplicate: 20_000,
             reorder: 30_000,
@@ -80,6 +85,7 @@ impl Default for Rates {
             duplicate_registration: 2_000,
             producer_death: 300,
             fenced: 600_000,
+            late_landing: 0,
         }
     }
 }
@@ -89,10 +95,10 @@ impl Default for Rates {
 pub struct Faults {
     /// C2: WRITEs that failed to post.
     pub post_failed: u64,
-    /// C2: producer loops that unwound after a post failure.
-    pub loop_unwound: u64,
     /// F7: WRITEs that failed after posting.
     pub failed_after_post: u64,
+    /// F7: WRITEs whose status the producer could not read (no notice, sources fenced).
+    pub status_unknown: u64,
     /// F7: errors reported after a delivered completion.
     pub error_after_completion: u64,
     /// Notifications delivered twice.
@@ -109,7 +115,8 @@ pub struct Faults {
     pub producer_abort: u64,
     /// Producer leases that ended while the push was unfinished (F3).
     pub lease_expired_in_flight: u64,
-    /// Posts refused because the producer's request had ended (F4).
+    /// Registrations answered with failure notices because the producer's request had
+    /// ended there (F4: nothing is posted for it).
     pub deferred_post_refused: u64,
     /// Consumer deadlines that passed while WRITEs were in flight (L1).
     pub deadline_expired_in_flight: u64,
@@ -131,15 +138,17 @@ pub struct Faults {
     pub table_full: u64,
     /// Second registrations of a tracked id.
     pub duplicate_registration: u64,
+    /// Failed WRITEs that kept landing after their error.
+    pub late_landing: u64,
 }
 
 impl Faults {
     /// `(name, count)` for every class, in output order.
-    pub fn entries(&self) -> [(&'static str, u64); 22] {
+    pub fn entries(&self) -> [(&'static str, u64); 23] {
         [
             ("post_failed", self.post_failed),
-            ("loop_unwound", self.loop_unwound),
             ("failed_after_post", self.failed_after_post),
+            ("status_unknown", self.status_unknown),
             ("error_after_completion", self.error_after_completion),
             ("duplicated", self.duplicated),
             ("reordered", self.reordered),
@@ -162,6 +171,7 @@ impl Faults {
             ("notice_lost", self.notice_lost),
             ("table_full", self.table_full),
             ("duplicate_registration", self.duplicate_registration),
+            ("late_landing", self.late_landing),
         ]
     }
 }

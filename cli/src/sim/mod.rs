@@ -5,9 +5,11 @@
 //! * **Deterministic**: one seeded generator ([`rng`]), a virtual clock and an agenda of
 //!   events ([`queue`]); no threads, no wall time, no hash-map iteration. A seed replays
 //!   the same run, so a violation is reproduced by its seed and step.
-//! * **Real core**: producer ranks drive [`kvdrain::producer::PushPlan`]; decode ranks
-//!   drive [`kvdrain::Ledger`]; they exchange vLLM-format notification bytes
-//!   ([`kvdrain::wire`]).
+//! * **Real code**: producer ranks run the shared producer driver
+//!   ([`kvdrain_driver::producer::ProducerDriver`]: pairing by base id, leases, retired ids,
+//!   [`kvdrain::producer::PushPlan`], owed notices, source release) over the virtual network
+//!   ([`link`]); decode ranks drive [`kvdrain::Ledger`]; they exchange vLLM-format
+//!   notification bytes ([`kvdrain::wire`], `PUSH_REG` msgpack included).
 //! * **Checked directly**: a memory model ([`memory`]) records, per block, who owns it
 //!   and how many WRITEs into it may still land, so a release or reuse while a write may
 //!   land is seen when it happens; a `completed` is checked against the edges that really
@@ -17,13 +19,17 @@
 //! The run ends with one JSON line (`{"requests":N,"violations":0,"faults":{…},
 //! "decisions":{…},…}`); any violation is printed with its step, and the command exits
 //! non-zero. `--broken release-on-abort` swaps in a deliberately wrong consumer that
-//! frees blocks at the abort, and `--broken duplicate-counting` repeats notices to
-//! counting-mode requests, to show the checks can fail.
+//! frees blocks at the abort, `--broken duplicate-counting` repeats notices to
+//! counting-mode requests, and `--broken no-settle` releases at a failure notice while
+//! every failed WRITE keeps landing, to show the checks can fail. `--late-landing` turns on
+//! the late-landing fault (failed WRITEs land up to `timing::LATE_LANDING` ms after their
+//! error), which the consumers' settling (`settle_ms`) must absorb.
 
 mod args;
 pub mod cluster;
 pub mod consumer;
 pub mod faults;
+pub mod link;
 pub mod memory;
 pub mod producer;
 pub mod queue;
@@ -49,6 +55,9 @@ pub enum Broken {
     /// which cannot tell a repeat from a sibling's notice, complete while a WRITE is still
     /// in flight (spec rule 6; the reason named-edge mode exists).
     DuplicateCounting,
+    /// No settling (`settle_ms = 0`, vLLM's behaviour) while every failed WRITE keeps
+    /// landing after its error: blocks are released while bytes still land.
+    NoSettle,
 }
 
 /// What to simulate.
@@ -64,6 +73,8 @@ pub struct SimConfig {
     pub broken: Option<Broken>,
     /// Fault injection rates.
     pub rates: Rates,
+    /// The consumers' settling after a failure notice, in virtual ms.
+    pub settle_ms: u64,
 }
 
 impl SimConfig {
@@ -75,7 +86,24 @@ impl SimConfig {
             shape,
             broken: None,
             rates: Rates::default(),
+            settle_ms: timing::SETTLE,
         }
+    }
+
+    /// Turns the late-landing fault on (every other failed WRITE keeps landing).
+    pub fn with_late_landing(mut self) -> Self {
+        self.rates.late_landing = 500_000;
+        self
+    }
+
+    /// Swaps in a broken variant (and what it needs to show).
+    pub fn with_broken(mut self, broken: Broken) -> Self {
+        self.broken = Some(broken);
+        if broken == Broken::NoSettle {
+            self.settle_ms = 0;
+            self.rates.late_landing = 1_000_000;
+        }
+        self
     }
 }
 

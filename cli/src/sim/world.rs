@@ -1,18 +1,22 @@
 //! The simulated cluster and its event loop: producers push requests to consumers through
-//! the real core (`PushPlan` on each producer rank, `Ledger` on each decode rank), faults
-//! are injected, and every invariant is checked at the step that could break it.
+//! the real code (the shared producer driver on each producer rank, pairing, leases, retired
+//! ids and plans included; the `Ledger` on each decode rank), faults are injected, and every
+//! invariant is checked at the step that could break it.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use kvdrain::producer::{PlanError, PushPlan};
-use kvdrain::wire::{self, Body, Message};
+use kvdrain::wire::{self, Body};
 use kvdrain::{AgentId, Config, Expect, IgnoreReason, Millis, Outstanding, RegisterErrorKind};
+use kvdrain_driver::producer::{Offer, ProducerConfig, ProducerDriver, ProducerEvent};
+use kvdrain_driver::registration::PushRegistration;
+use kvdrain_driver::transport::{Notification, WriteStatus};
 
 use super::cluster::Cluster;
 use super::consumer::{Consumer, Step};
 use super::faults::{Faults, Rates};
+use super::link::{PostedWrite, SimLink, SimWrite, request_number};
 use super::memory::Breach;
-use super::producer::{Push, Write};
+use super::producer::Write;
 use super::queue::Agenda;
 use super::report::{Decisions, Report};
 use super::requests::{EdgeTrack, Outcome, RankPart, Request};
@@ -47,32 +51,23 @@ enum Event {
     Arrive,
     /// `PUSH_REG` reaches a producer rank.
     Registration {
-        req: u64,
         rank: usize,
         agent: AgentId,
         bytes: Vec<u8>,
     },
-    /// A producer rank posts the WRITE of edge `edge` of its plan.
-    Post {
-        req: u64,
-        rank: usize,
-        agent: AgentId,
-        edge: usize,
-    },
-    /// A posted WRITE becomes terminal.
-    WriteDone { write: u64, ok: bool },
-    /// A producer rank forgets a request that ended there (its tombstone expires).
-    Forget {
+    /// Prefill ends on a producer rank: it offers the request's source blocks.
+    Offer {
         req: u64,
         rank: usize,
         agent: AgentId,
     },
-    /// A producer rank's lease on a request ends.
-    LeaseEnd {
-        req: u64,
-        rank: usize,
-        agent: AgentId,
-    },
+    /// A producer rank's driver runs one tick, once for every input that arrived at this
+    /// virtual time.
+    ProducerTick { rank: usize, agent: AgentId },
+    /// A lease on a producer rank may have ended: tick it.
+    LeaseCheck { rank: usize, agent: AgentId },
+    /// A posted WRITE becomes terminal (`unknown`: its producer cannot read its status).
+    WriteDone { write: u64, ok: bool, unknown: bool },
     /// A notification reaches a decode rank.
     Deliver {
         d: usize,
@@ -92,13 +87,12 @@ enum Event {
     Rediscover { rank: usize },
     /// Decoding ends: the blocks of a completed request go back.
     DecodeDone { req: u64, d: usize },
-}
-
-/// A notification to send from a producer.
-struct Outgoing {
-    d: usize,
-    agent: AgentId,
-    bytes: Vec<u8>,
+    /// The last bytes of an errored WRITE land, after its producer saw the error.
+    LateLanding {
+        req: u64,
+        d: usize,
+        blocks: Vec<u32>,
+    },
 }
 
 /// The whole simulated cluster.
@@ -111,8 +105,17 @@ pub struct World {
     cluster: Cluster,
     consumers: Vec<Consumer>,
     requests: BTreeMap<u64, Request>,
-    /// Per producer rank: the requests it is pushing.
-    pushes: Vec<BTreeMap<u64, Push>>,
+    /// Per producer rank: the shared producer driver, its inbox, and the outcomes of its
+    /// WRITEs that ended (read by its next status polls).
+    producers: Vec<ProducerDriver<SimWrite>>,
+    inboxes: Vec<Vec<Notification>>,
+    finished: Vec<BTreeMap<u64, WriteStatus>>,
+    /// Per request, the physical blocks of each decode rank (what the transport writes).
+    targets: BTreeMap<u64, Vec<Vec<u32>>>,
+    /// Requests whose producer aborted without sending what it owes.
+    silent: BTreeSet<u64>,
+    /// Per producer rank: a tick is queued at the current virtual time.
+    tick_queued: Vec<bool>,
     writes: BTreeMap<u64, Write>,
     next_write: u64,
     arrived: u64,
@@ -139,6 +142,28 @@ fn completion_bytes(id: &str, tp: u16, failure: bool) -> Vec<u8> {
     buf
 }
 
+/// The producer driver's configuration of simulated producer rank `rank`.
+fn producer_config(cluster: &Cluster, rank: usize) -> ProducerConfig {
+    let r = &cluster.ranks[rank];
+    let topology = cluster.engines[r.engine].topology;
+    let mut config = ProducerConfig::new(&producer_engine(r.engine), r.tp, topology.p_tp);
+    config.pp_stage = r.stage;
+    config.pp_size = topology.p_pp;
+    config.mla = topology.mla;
+    config.lease_ms = LEASE;
+    config
+}
+
+fn producer_engine(engine: usize) -> String {
+    format!("p{engine}")
+}
+
+/// P's id of request `req`: vLLM randomizes ids per engine, so P's differs from D's
+/// (`req-N`) by an 8-hex-digit suffix and the drivers pair them by base id.
+fn producer_request_id(req: u64) -> String {
+    format!("req-{req}-{:08x}", req.wrapping_mul(0x9e37_79b9) as u32)
+}
+
 /// Records `outcome`; what is wrong if the request had one already (spec rule 2).
 fn set_outcome(part: &mut RankPart, outcome: Outcome) -> Option<String> {
     let old = part.outcome.replace(outcome)?;
@@ -157,7 +182,7 @@ impl World {
             capacity: CAPACITY,
             deadline_ms: DEADLINE,
             quarantine_ms: QUARANTINE,
-            settle_ms: SETTLE,
+            settle_ms: config.settle_ms,
             seed: rng.next_u64(),
         };
         let consumers = (0..cluster.d_tp)
@@ -169,13 +194,21 @@ impl World {
             topology: cluster.describe(),
             ..Report::default()
         };
+        let producers = (0..cluster.ranks.len())
+            .map(|rank| ProducerDriver::new(producer_config(&cluster, rank)))
+            .collect();
         Ok(World {
             rates: config.rates,
             config,
             rng,
             now: 0,
             agenda: Agenda::new(),
-            pushes: (0..cluster.ranks.len()).map(|_| BTreeMap::new()).collect(),
+            producers,
+            inboxes: vec![Vec::new(); cluster.ranks.len()],
+            finished: vec![BTreeMap::new(); cluster.ranks.len()],
+            targets: BTreeMap::new(),
+            silent: BTreeSet::new(),
+            tick_queued: vec![false; cluster.ranks.len()],
             cluster,
             consumers,
             requests: BTreeMap::new(),
@@ -253,25 +286,20 @@ impl World {
     fn handle(&mut self, event: Event) {
         match event {
             Event::Arrive => self.arrive(),
-            Event::Registration {
-                req,
-                rank,
-                agent,
-                bytes,
-            } => self.registration(req, rank, agent, &bytes),
-            Event::Post {
-                req,
-                rank,
-                agent,
-                edge,
-            } => self.post(req, rank, agent, edge),
-            Event::WriteDone { write, ok } => self.write_done(write, ok),
-            Event::LeaseEnd { req, rank, agent } => self.lease_end(req, rank, agent),
-            Event::Forget { req, rank, agent } => {
+            Event::Registration { rank, agent, bytes } => self.registration(rank, agent, bytes),
+            Event::Offer { req, rank, agent } => self.offer(req, rank, agent),
+            Event::ProducerTick { rank, agent } => {
+                self.tick_queued[rank] = false;
                 if self.alive_as(rank, agent) {
-                    self.pushes[rank].remove(&req);
+                    self.producer_tick(rank);
                 }
             }
+            Event::LeaseCheck { rank, agent } => {
+                if self.alive_as(rank, agent) {
+                    self.want_tick(rank);
+                }
+            }
+            Event::WriteDone { write, ok, unknown } => self.write_done(write, ok, unknown),
             Event::Deliver {
                 d,
                 agent,
@@ -284,6 +312,11 @@ impl World {
             Event::Fence { rank, agent } => self.fence(rank, agent),
             Event::Rediscover { rank } => self.cluster.restart(rank),
             Event::DecodeDone { req, d } => self.decode_done(req, d),
+            Event::LateLanding { req, d, blocks } => {
+                let pool = &mut self.consumers[d].pool;
+                pool.write_lands(&blocks, req, &mut self.breaches);
+                pool.write_ended(&blocks);
+            }
         }
     }
 
@@ -418,21 +451,46 @@ impl World {
             .chance(self.rates.partial_registration)
             .then(|| producers.start + self.rng.below(producers.len() as u64) as usize);
         self.faults.partial_registration += u64::from(missed.is_some());
+        let registration = PushRegistration {
+            request_id: request.id.clone(),
+            decode_engine_id: "d".to_owned(),
+            decode_host: "sim".to_owned(),
+            decode_port: 0,
+            decode_tp_size: self.cluster.d_tp,
+            local_block_ids: vec![Vec::new()],
+            remote_engine_id: producer_engine(engine),
+            remote_host: "sim".to_owned(),
+            remote_port: 0,
+            remote_tp_size: topology.p_tp,
+            remote_pp_size: topology.p_pp,
+            transfer_id: None,
+        }
+        .to_notification();
+        self.targets.insert(
+            req,
+            request.ranks.iter().map(|p| p.blocks.clone()).collect(),
+        );
         for rank in producers {
+            // Prefill ends and the rank offers its source blocks (its lease starts).
+            let agent = self.cluster.ranks[rank].agent;
+            let at = self.now + self.between(PREFILL);
+            self.agenda.push(at, Event::Offer { req, rank, agent });
             if Some(rank) == missed {
                 continue;
             }
-            let mut bytes = vec![0; wire::PUSH_REG_PREFIX.len() + 8];
-            let n = wire::encode_registration(&req.to_le_bytes(), &mut bytes);
-            bytes.truncate(n.unwrap_or(0));
+            // A slow path delays the registration past most of the lease: the lease may end
+            // mid-write (F3) or before the registration arrives (F4).
+            let delay = if self.rng.chance(self.rates.slow_producer) {
+                self.between(SLOW_PREFILL)
+            } else {
+                self.rng.between(0, REG_LATENCY)
+            };
             let event = Event::Registration {
-                req,
                 rank,
                 agent: self.cluster.ranks[rank].known,
-                bytes,
+                bytes: registration.clone(),
             };
-            let at = self.now + self.rng.between(0, REG_LATENCY);
-            self.agenda.push(at, event);
+            self.agenda.push(self.now + delay, event);
         }
         if self.rng.chance(self.rates.consumer_abort) {
             let at = self.now + self.between(ABORT_AFTER);
@@ -677,170 +735,183 @@ impl World {
         r.alive && r.agent == agent
     }
 
-    fn registration(&mut self, req: u64, rank: usize, agent: AgentId, bytes: &[u8]) {
+    /// `PUSH_REG` reaches a producer rank (lost if the agent it was sent to is gone).
+    fn registration(&mut self, rank: usize, agent: AgentId, bytes: Vec<u8>) {
         if !self.alive_as(rank, agent) {
-            return; // sent to an agent that is gone: lost
-        }
-        match wire::parse(bytes) {
-            Ok(Message::Registration(payload)) if payload == req.to_le_bytes() => {}
-            other => {
-                self.violation(format!(
-                    "producer cannot read PUSH_REG {bytes:?}: {other:?}"
-                ));
-                return;
-            }
-        }
-        let Some(request) = self.requests.get(&req) else {
-            return;
-        };
-        let r = &self.cluster.ranks[rank];
-        let topology = self.cluster.engines[request.engine].topology;
-        let plan = match PushPlan::new(&topology, r.stage, r.tp) {
-            Ok(plan) => plan,
-            Err(e) => {
-                self.violation(format!("no plan for producer rank {rank}: {e}"));
-                return;
-            }
-        };
-        let aborted = request.producer_aborted;
-        let targets = plan
-            .edges()
-            .iter()
-            .map(|e| {
-                let d = usize::from(e.d_rank);
-                (d, request.ranks[d].blocks.clone())
-            })
-            .collect();
-        self.pushes[rank].insert(req, Push::new(plan, targets));
-        if aborted {
-            self.end_on_producer(req, rank);
             return;
         }
-        let delay = if self.rng.chance(self.rates.slow_producer) {
-            self.between(SLOW_PREFILL)
-        } else {
-            self.between(PREFILL)
-        };
-        self.agenda.push(
-            self.now + delay,
-            Event::Post {
-                req,
-                rank,
-                agent,
-                edge: 0,
-            },
-        );
-        self.agenda
-            .push(self.now + LEASE, Event::LeaseEnd { req, rank, agent });
+        self.inboxes[rank].push(("d".to_owned(), bytes));
+        self.want_tick(rank);
     }
 
-    fn post(&mut self, req: u64, rank: usize, agent: AgentId, edge: usize) {
-        if !self.alive_as(rank, agent) {
+    /// Prefill ended on `rank`: the engine offers the source blocks (not if the prefill
+    /// engine aborted the request: vLLM frees its blocks at once then).
+    fn offer(&mut self, req: u64, rank: usize, agent: AgentId) {
+        if !self.alive_as(rank, agent) || self.requests.get(&req).is_none_or(|r| r.producer_aborted)
+        {
             return;
         }
-        let post_fail = self.rng.chance(self.rates.post_fail);
-        let unwind = self.rng.chance(self.rates.unwind);
-        let ok = !self.rng.chance(self.rates.write_fail);
-        let Some(push) = self.pushes[rank].get_mut(&req) else {
+        let offer = Offer {
+            request_id: producer_request_id(req),
+            transfer_id: None,
+            block_ids: vec![Vec::new()],
+        };
+        if let Err(e) = self.producers[rank].offer(offer, self.now) {
+            self.violation(format!("producer rank {rank} refused an offer: {e}"));
+        }
+        self.want_tick(rank);
+        // The lease may end: look then.
+        self.agenda
+            .push(self.now + LEASE + 1, Event::LeaseCheck { rank, agent });
+    }
+
+    /// Queues one tick of `rank` at the current time (after every event already queued for
+    /// it, so inputs that arrive together are handled by one tick).
+    fn want_tick(&mut self, rank: usize) {
+        if !self.tick_queued[rank] {
+            self.tick_queued[rank] = true;
+            let agent = self.cluster.ranks[rank].agent;
+            self.agenda
+                .push(self.now, Event::ProducerTick { rank, agent });
+        }
+    }
+
+    /// One tick of `rank`'s producer driver over the virtual network, then what it asked
+    /// for: WRITEs scheduled, notices sent, source releases checked (F3).
+    fn producer_tick(&mut self, rank: usize) {
+        let agent = self.cluster.ranks[rank].agent;
+        let before = self.producers[rank].counters();
+        let mut link = SimLink {
+            now: self.now,
+            rng: &mut self.rng,
+            rates: &self.rates,
+            faults: &mut self.faults,
+            inbox: &mut self.inboxes[rank],
+            finished: &mut self.finished[rank],
+            targets: &self.targets,
+            silent: &self.silent,
+            next_write: &mut self.next_write,
+            posted: Vec::new(),
+            sent: Vec::new(),
+        };
+        // The virtual network never fails to drain.
+        let _ = self.producers[rank].tick(&mut link, self.now);
+        let SimLink { posted, sent, .. } = link;
+        for p in posted {
+            self.write_posted(rank, agent, p);
+        }
+        for (d, bytes) in sent {
+            self.send(d, agent, bytes);
+        }
+        while let Some(event) = self.producers[rank].poll_event() {
+            if let ProducerEvent::SourceReleased { request_id } = event {
+                self.source_released(rank, &request_id);
+            }
+        }
+        let after = self.producers[rank].counters();
+        if after.leases_expired > before.leases_expired
+            && self.writes.values().any(|w| w.rank == rank)
+        {
+            // F3: a lease ran out while this rank's WRITEs were in flight.
+            self.faults.lease_expired_in_flight += 1;
+        }
+        if after.plan_errors > before.plan_errors {
+            self.violation(format!("producer rank {rank}: plan step out of order"));
+        }
+    }
+
+    /// F3: the source blocks of a request go back only when none of its WRITEs reads them.
+    fn source_released(&mut self, rank: usize, request_id: &str) {
+        let Some(req) = request_number(request_id) else {
+            self.violation(format!("source release of unknown request {request_id}"));
             return;
         };
-        let Some(d) = push.plan.edges().get(edge).map(|e| e.d_rank) else {
-            return;
-        };
-        let next = Event::Post {
-            req,
+        let reading = self
+            .writes
+            .values()
+            .filter(|w| w.rank == rank && w.req == req)
+            .count();
+        if reading > 0 {
+            self.violation(format!(
+                "producer rank {rank} released the source blocks of request {req} \
+                 while {reading} WRITE(s) read them"
+            ));
+        }
+    }
+
+    fn write_posted(&mut self, rank: usize, agent: AgentId, p: PostedWrite) {
+        if let Some(request) = self.requests.get_mut(&p.req) {
+            request.ranks[p.d].in_flight += 1;
+        }
+        self.consumers[p.d].pool.write_posted(&p.blocks);
+        let w = Write {
+            req: p.req,
             rank,
             agent,
-            edge: edge + 1,
+            d: p.d,
+            blocks: p.blocks,
         };
-        match push.plan.may_post(d) {
-            Ok(()) => {}
-            Err(PlanError::Retired) => {
-                // F4: the request ended on this producer; nothing new is posted.
-                self.faults.deferred_post_refused += 1;
-                return;
-            }
-            Err(_) => {
-                let at = self.now + self.rng.between(0, POST_GAP);
-                self.agenda.push(at, next);
-                return;
-            }
-        }
-        if post_fail {
-            // C2: the WRITE did not post. Its notice is owed now; the loop may unwind.
-            self.faults.post_failed += 1;
-            if push.plan.post_failed(d).is_err() {
-                self.violation(format!("plan refused post_failed({d})"));
-            }
-            if unwind {
-                self.faults.loop_unwound += 1;
-                self.end_on_producer(req, rank);
-                return;
-            }
-            self.send_owed(req, rank);
-        } else {
-            if let Err(e) = push.plan.posted(d) {
-                self.violation(format!("plan refused posted({d}): {e}"));
-                return;
-            }
-            push.reading += 1;
-            let d = usize::from(d);
-            let blocks = push.blocks(d).unwrap_or_default().to_vec();
-            if let Some(request) = self.requests.get_mut(&req) {
-                request.ranks[d].in_flight += 1;
-            }
-            self.consumers[d].pool.write_posted(&blocks);
-            let write = self.next_write;
-            self.next_write += 1;
-            let w = Write {
-                req,
-                rank,
-                agent,
-                d,
-                blocks,
-            };
-            self.writes.insert(write, w);
-            let at = self.now + self.rng.between(1, WRITE_MAX);
-            self.agenda.push(at, Event::WriteDone { write, ok });
-        }
-        let at = self.now + self.rng.between(0, POST_GAP);
-        self.agenda.push(at, next);
+        self.writes.insert(p.id, w);
+        let event = Event::WriteDone {
+            write: p.id,
+            ok: p.ok,
+            unknown: p.unknown,
+        };
+        self.agenda.push(p.done_at, event);
     }
 
-    fn write_done(&mut self, write: u64, ok: bool) {
+    fn write_done(&mut self, write: u64, ok: bool, unknown: bool) {
         let Some(w) = self.writes.remove(&write) else {
             return; // cut by its producer's death
         };
         self.end_write(&w, ok);
-        let Some(push) = self.pushes[w.rank].get_mut(&w.req) else {
-            self.violation(format!("write of request {} ended after its push", w.req));
-            return;
-        };
-        push.reading -= 1;
-        let d = w.d as u16;
         if ok {
-            if let Err(e) = push.plan.landed(d) {
-                self.violation(format!("plan refused landed({d}): {e}"));
-            }
             self.completion_sent(&w);
         } else {
-            // F7: failed after posting; the notice is owed once the handle is terminal.
+            // F7: a backend error after posting; the driver owes the notice.
             self.faults.failed_after_post += 1;
-            if let Err(e) = push.plan.failed(d) {
-                self.violation(format!("plan refused failed({d}): {e}"));
-            }
-            self.send_owed(w.req, w.rank);
         }
-        self.settle(w.req, w.rank);
+        // A write whose status is unknown may be bounded later by a backend error to the same
+        // rank, and then owes a PUSH_FAIL even if it landed: a second notice for one edge,
+        // which only named-edge mode can tell apart (spec rule 6, like error_after_completion).
+        let repeats_ok = self.requests.get(&w.req).is_none_or(|r| r.named);
+        let unknown = unknown && (!ok || repeats_ok);
+        if self.alive_as(w.rank, w.agent) {
+            let status = if unknown {
+                // F7: the producer reads NOT_FOUND; from now on the handle stays in progress.
+                self.faults.status_unknown += 1;
+                WriteStatus::Unknown
+            } else if ok {
+                WriteStatus::Success
+            } else {
+                WriteStatus::BackendError
+            };
+            self.finished[w.rank].insert(write, status);
+            self.want_tick(w.rank);
+        }
     }
 
-    /// A WRITE is terminal: all of it landed (`whole`), or part of it may have.
+    /// A WRITE is terminal for its producer: all of it landed (`whole`), or part of it may
+    /// have — and an errored one may keep landing for up to [`LATE_LANDING`] ms (the
+    /// late-landing fault: TCP socket buffers drained after the error, issue 9).
     fn end_write(&mut self, w: &Write, whole: bool) {
+        let late = !whole && self.rng.chance(self.rates.late_landing);
         let pool = &mut self.consumers[w.d].pool;
         if whole || self.rng.chance(self.rates.partial_data) {
             pool.write_lands(&w.blocks, w.req, &mut self.breaches);
         }
-        pool.write_ended(&w.blocks);
+        if late {
+            self.faults.late_landing += 1;
+            let at = self.now + self.rng.between(1, LATE_LANDING);
+            let event = Event::LateLanding {
+                req: w.req,
+                d: w.d,
+                blocks: w.blocks.clone(),
+            };
+            self.agenda.push(at, event);
+        } else {
+            pool.write_ended(&w.blocks);
+        }
         if let Some(request) = self.requests.get_mut(&w.req) {
             request.ranks[w.d].in_flight -= 1;
             if let Some(edge) = request.edge_mut(w.d, w.rank) {
@@ -878,48 +949,6 @@ impl World {
         }
     }
 
-    /// Sends the failure notices the plan owes now.
-    fn send_owed(&mut self, req: u64, rank: usize) {
-        let (id, tp, silent) = match self.requests.get(&req) {
-            Some(r) => (
-                r.id.clone(),
-                self.cluster.engines[r.engine].topology.p_tp,
-                r.producer_aborted && r.producer_silent,
-            ),
-            None => (String::new(), 1, true),
-        };
-        let agent = self.cluster.ranks[rank].agent;
-        let Some(push) = self.pushes[rank].get_mut(&req) else {
-            return;
-        };
-        let owed: Vec<u16> = push.plan.owed_notices().collect();
-        let mut outgoing = Vec::new();
-        let mut problems = Vec::new();
-        for d in owed {
-            let lost = silent || self.rng.chance(self.rates.notice_lost);
-            let step = if lost {
-                self.faults.notice_lost += u64::from(!silent);
-                push.plan.unreachable(d)
-            } else {
-                outgoing.push(Outgoing {
-                    d: usize::from(d),
-                    agent,
-                    bytes: completion_bytes(&id, tp, true),
-                });
-                push.plan.noticed(d)
-            };
-            if let Err(e) = step {
-                problems.push(format!("plan refused to settle owed notice {d}: {e}"));
-            }
-        }
-        for o in outgoing {
-            self.send(o.d, o.agent, o.bytes);
-        }
-        for p in problems {
-            self.violation(p);
-        }
-    }
-
     fn send(&mut self, d: usize, agent: AgentId, bytes: Vec<u8>) {
         let mut at = self.now + self.rng.between(0, NOTIFY_LATENCY);
         if self.rng.chance(self.rates.reorder) {
@@ -942,58 +971,6 @@ impl World {
         );
     }
 
-    /// The request ended on this producer (lease, abort, unwound loop): nothing new is
-    /// posted and every edge not attempted is owed a notice.
-    fn end_on_producer(&mut self, req: u64, rank: usize) {
-        if let Some(push) = self.pushes[rank].get_mut(&req) {
-            push.lease_over = true;
-            push.plan.retire();
-        }
-        self.send_owed(req, rank);
-        self.settle(req, rank);
-    }
-
-    /// Releases the source blocks once the plan is terminal (never while a WRITE still
-    /// reads them: F3), and forgets the push once the request ended here too.
-    fn settle(&mut self, req: u64, rank: usize) {
-        let Some(push) = self.pushes[rank].get_mut(&req) else {
-            return;
-        };
-        if push.plan.is_terminal() && !push.source_released {
-            push.source_released = true;
-            let reading = push.reading;
-            if reading > 0 {
-                self.violation(format!(
-                    "producer rank {rank} released the source blocks of request {req} \
-                     while {reading} WRITE(s) read them"
-                ));
-            }
-        }
-        let Some(push) = self.pushes[rank].get_mut(&req) else {
-            return;
-        };
-        if push.source_released && push.lease_over && !push.forget_scheduled {
-            push.forget_scheduled = true;
-            let agent = self.cluster.ranks[rank].agent;
-            let at = self.now + PRODUCER_TOMBSTONE;
-            self.agenda.push(at, Event::Forget { req, rank, agent });
-        }
-    }
-
-    fn lease_end(&mut self, req: u64, rank: usize, agent: AgentId) {
-        if !self.alive_as(rank, agent) {
-            return;
-        }
-        let Some(push) = self.pushes[rank].get(&req) else {
-            return;
-        };
-        if !push.plan.is_terminal() {
-            // F3: the lease ran out mid-push; in-flight WRITEs keep the source blocks.
-            self.faults.lease_expired_in_flight += 1;
-        }
-        self.end_on_producer(req, rank);
-    }
-
     fn producer_abort(&mut self, req: u64) {
         let silent = self.rng.chance(self.rates.producer_abort_silent);
         let Some(request) = self.requests.get_mut(&req) else {
@@ -1002,10 +979,15 @@ impl World {
         // F5: the producer aborts too; a silent one never sends what it owes.
         request.producer_aborted = true;
         request.producer_silent = silent;
+        if silent {
+            self.silent.insert(req);
+        }
         self.faults.producer_abort += 1;
+        let p_id = producer_request_id(req);
         for rank in self.cluster.ranks_of(request.engine) {
-            if self.pushes[rank].contains_key(&req) {
-                self.end_on_producer(req, rank);
+            if self.cluster.ranks[rank].alive {
+                self.producers[rank].retire(&p_id);
+                self.want_tick(rank);
             }
         }
     }
@@ -1028,7 +1010,10 @@ impl World {
                 self.end_write(&w, false);
             }
         }
-        self.pushes[rank].clear();
+        // Everything the dead incarnation knew is gone with it.
+        self.producers[rank] = ProducerDriver::new(producer_config(&self.cluster, rank));
+        self.inboxes[rank].clear();
+        self.finished[rank].clear();
         if self.rng.chance(self.rates.fenced) {
             self.faults.producer_death_fenced += 1;
             let at = self.now + self.between(FENCE_AFTER);
@@ -1082,17 +1067,24 @@ impl World {
                 ));
             }
         }
+        // A request with a WRITE of unknown status keeps its sources fenced until a backend
+        // error to the same decode rank bounds it (F7); at the end none may be held otherwise.
         let held: usize = self
-            .pushes
+            .producers
             .iter()
-            .map(|p| p.values().filter(|p| !p.source_released).count())
+            .map(|p| p.in_flight() - p.fenced_unknown())
             .sum();
         if held != 0 || !self.writes.is_empty() {
             self.violation(format!(
-                "producers at the end: {held} pushes hold source blocks, {} writes pending",
+                "producers at the end: {held} requests held, {} writes pending",
                 self.writes.len()
             ));
         }
+        self.faults.deferred_post_refused = self
+            .producers
+            .iter()
+            .map(|p| p.counters().registrations_retired)
+            .sum();
         if self.arrived != self.config.requests {
             self.violation(format!(
                 "{} of {} requests arrived",

@@ -150,8 +150,10 @@ pub fn offer_all(tb: &mut Testbed, n: u64, slot: u64) {
     for p in &mut tb.p.pushers {
         p.offer(Offer {
             request_id: p_id(n),
+            transfer_id: None,
             block_ids: block_ids(slot),
-        });
+        })
+        .expect("offer");
     }
 }
 

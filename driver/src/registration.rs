@@ -9,7 +9,10 @@
 //! | `transfer_id` | str, optional (absent or nil when unset) |
 //!
 //! Encoding writes exactly these keys (`transfer_id` only when set), with msgpack's
-//! smallest representations, as Python's `msgpack.packb` does. Decoding ignores unknown keys.
+//! smallest representations, as Python's `msgpack.packb` does. Decoding follows vLLM's
+//! msgspec struct: unknown keys are ignored, a key given twice takes its **last** value,
+//! `remote_pp_size` may be absent (default 1) and `transfer_id` may be absent, nil or a
+//! string.
 
 use rmpv::Value;
 
@@ -63,8 +66,9 @@ pub enum RegistrationError {
 }
 
 impl PushRegistration {
-    /// The key a producer pairs this registration with its finished request by: the
-    /// router's `transfer_id` when set, else D's `request_id` (exact match only; catalogue F10).
+    /// The router's `transfer_id` when set, else D's `request_id`: the key duplicates of
+    /// one registration share (the producer driver pairs by exact id, `transfer_id` and
+    /// base id in turn: [`crate::pairing`]).
     pub fn pairing_key(&self) -> &str {
         self.transfer_id.as_deref().unwrap_or(&self.request_id)
     }
@@ -126,9 +130,11 @@ impl PushRegistration {
         let Value::Map(entries) = value else {
             return Err(RegistrationError::NotAMap);
         };
+        // msgspec decodes a map key by key into the struct: the last duplicate wins.
         let get = |key: &'static str| {
             entries
                 .iter()
+                .rev()
                 .find(|(k, _)| k.as_str() == Some(key))
                 .map(|(_, v)| v)
         };
@@ -157,7 +163,10 @@ impl PushRegistration {
             remote_host: string("remote_host")?,
             remote_port: small("remote_port")?,
             remote_tp_size: small("remote_tp_size")?,
-            remote_pp_size: small("remote_pp_size")?,
+            remote_pp_size: match get("remote_pp_size") {
+                None => 1,
+                Some(_) => small("remote_pp_size")?,
+            },
             transfer_id: match get("transfer_id") {
                 None | Some(Value::Nil) => None,
                 Some(v) => Some(
@@ -243,6 +252,77 @@ mod tests {
         assert_eq!(
             PushRegistration::from_msgpack(&bytes),
             Err(RegistrationError::Trailing(1))
+        );
+    }
+
+    /// The bytes vLLM's encoder (msgspec) writes for a registration without `transfer_id`
+    /// and without `remote_pp_size`, plus a key this decoder does not know.
+    #[test]
+    fn golden_without_pp_size_with_unknown_key() {
+        let mut b = vec![0x8c]; // fixmap, 12 entries
+        let s = |b: &mut Vec<u8>, v: &str| {
+            b.push(0xa0 | v.len() as u8);
+            b.extend_from_slice(v.as_bytes());
+        };
+        s(&mut b, "request_id");
+        s(&mut b, "cmpl-abc-0-1a2b3c4d");
+        s(&mut b, "decode_engine_id");
+        s(&mut b, "d");
+        s(&mut b, "decode_host");
+        s(&mut b, "h");
+        s(&mut b, "decode_port");
+        b.extend_from_slice(&[0xcd, 0x15, 0xe0]); // 5600
+        s(&mut b, "decode_tp_size");
+        b.push(0x01);
+        s(&mut b, "local_block_ids");
+        b.extend_from_slice(&[0x92, 0x03, 0x04]); // flat [3, 4]
+        s(&mut b, "remote_engine_id");
+        s(&mut b, "p");
+        s(&mut b, "remote_host");
+        s(&mut b, "ph");
+        s(&mut b, "remote_port");
+        b.extend_from_slice(&[0xcd, 0x15, 0xe1]); // 5601
+        s(&mut b, "remote_tp_size");
+        b.push(0x02);
+        s(&mut b, "new_field");
+        b.extend_from_slice(&[0x93, 0x01, 0x02, 0x03]);
+        s(&mut b, "transfer_id");
+        b.push(0xc0); // nil
+        let r = PushRegistration::from_msgpack(&b).expect("decodes");
+        assert_eq!(r.remote_pp_size, 1, "absent remote_pp_size defaults to 1");
+        assert_eq!(r.transfer_id, None);
+        assert_eq!(r.local_block_ids, vec![vec![3, 4]]);
+        assert_eq!(r.remote_tp_size, 2);
+        assert_eq!(r.decode_port, 5600);
+    }
+
+    #[test]
+    fn golden_last_duplicate_key_wins_and_transfer_id_is_a_string() {
+        // {"request_id": "a", ..., "request_id": "b", "transfer_id": "t-1"} built from the
+        // sample's bytes with two keys appended (fixmap count bumped by 2).
+        let mut b = sample().to_msgpack();
+        assert_eq!(b[0], 0x8c, "sample: 12 keys");
+        b[0] = 0x8e;
+        b.extend_from_slice(b"\xaarequest_id\xa1b");
+        b.extend_from_slice(b"\xabtransfer_id\xa3t-1");
+        let r = PushRegistration::from_msgpack(&b).expect("decodes");
+        assert_eq!(r.request_id, "b", "last duplicate wins (msgspec)");
+        assert_eq!(r.transfer_id.as_deref(), Some("t-1"));
+        // A transfer_id that is not a string is refused.
+        let mut bad = sample().to_msgpack();
+        bad[0] = 0x8d;
+        bad.extend_from_slice(b"\xabtransfer_id\x07");
+        assert_eq!(
+            PushRegistration::from_msgpack(&bad),
+            Err(RegistrationError::BadField("transfer_id"))
+        );
+        // remote_pp_size present but wrong is still an error.
+        let mut bad = sample().to_msgpack();
+        bad[0] = 0x8d;
+        bad.extend_from_slice(b"\xaeremote_pp_size\xa1x");
+        assert_eq!(
+            PushRegistration::from_msgpack(&bad),
+            Err(RegistrationError::BadField("remote_pp_size"))
         );
     }
 }

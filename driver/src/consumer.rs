@@ -1,0 +1,869 @@
+//! The consumer (D) driver of one decode rank: the agent directory, registration from a
+//! topology, the heartbeat schedule, unreached producers, fences, and decisions out.
+//!
+//! ```text
+//!  register ──▶ core register ──▶ PUSH_REG to every producer agent ──▶ WAITING
+//!     (unreached agents reported: F6)                                   │ HB: every lease/6
+//!   notices (drained, sender → AgentId) ─▶ core ─▶ Decode | Failed | Expired | Release
+//!   send fails with PeerGone / transport reports a peer gone ─▶ fence that agent
+//!   heartbeats stop at the request's decision or abort (F9)
+//! ```
+//!
+//! * **Directory**: producer agent names get [`AgentId`]s when their engine is added, never
+//!   from traffic; a sender nobody introduced is [`AgentDirectory::STRANGER`] and matches no
+//!   edge.
+//! * **Registration**: the edges of this rank come from the producer engine's topology
+//!   ([`Topology::producers_of`]); named edges when every producer is named and they fit
+//!   `E`, vLLM's count (`pp × max(1, P_tp / D_tp)`) otherwise. The request is tracked in the
+//!   core **before** `PUSH_REG` goes out, so no completion can beat its state.
+//! * **Heartbeats** carry P's request ids (`remote_request_id`), grouped per producer
+//!   engine, every `lease_ms / 6`, from registration until the decision (F9).
+//! * **Fences**: an agent the transport reports gone, or whose send failed with
+//!   [`SendError::PeerGone`], is fenced in the core at the next poll, so its outstanding
+//!   edges resolve as failed.
+//!
+//! Drive it with [`ConsumerDriver::poll`] (transport and monotonic time in), then take
+//! [`ConsumerDriver::poll_event`] until `None`.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use kvdrain::producer::{Topology, TopologyError};
+use kvdrain::{
+    AbortError, AgentId, BlockHandle, Config, Decision, Engine, Expect, Ignored, Ingest, Ledger,
+    Noticed, Outstanding, Pending, Quarantined, RegisterErrorKind, Registration, RequestKey,
+};
+
+use crate::directory::{AgentDirectory, DirectoryFull};
+use crate::registration::PushRegistration;
+use crate::transport::{DrainError, GonePeer, Notification, Peer, SendError, Transport};
+
+/// This D rank.
+#[derive(Clone, Debug)]
+pub struct ConsumerConfig {
+    /// D's engine id.
+    pub engine_id: String,
+    /// D's side-channel host (sent in registrations).
+    pub host: String,
+    /// D's side-channel port.
+    pub port: u16,
+    /// This rank.
+    pub tp_rank: u16,
+    /// D's TP size.
+    pub tp_size: u16,
+    /// The producers' lease in ms: heartbeats go out every `lease_ms / 6` (vLLM).
+    pub lease_ms: u64,
+    /// The core's settings (capacity, default deadline, quarantine).
+    pub ledger: Config,
+}
+
+/// A producer engine as D knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProducerEngine {
+    /// P's engine id.
+    pub engine_id: String,
+    /// P's side-channel host.
+    pub host: String,
+    /// P's side-channel port.
+    pub port: u16,
+    /// P's TP size.
+    pub tp_size: u16,
+    /// P's PP size.
+    pub pp_size: u16,
+    /// MLA (the latent is replicated to every consumer rank).
+    pub mla: bool,
+    /// Agent names, index `pp_stage * tp_size + tp_rank`.
+    pub agents: Vec<String>,
+}
+
+/// What the driver remembers of a registered request; carried by every event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PushedRequest {
+    /// The core's key.
+    pub key: RequestKey,
+    /// D's request id.
+    pub id: String,
+    /// The producer engine.
+    pub producer_engine: String,
+    /// P's request id (named in heartbeats).
+    pub remote_request_id: String,
+    /// The producer agents this rank waits for, in edge order.
+    pub producers: Vec<String>,
+    /// When it was registered (the driver's clock, ms).
+    pub registered_at_ms: u64,
+}
+
+impl PushedRequest {
+    /// The producers still owing a write in `outstanding` (named-edge mode; empty when
+    /// counting).
+    pub fn owing(&self, outstanding: Outstanding) -> Vec<&str> {
+        match outstanding {
+            Outstanding::Edges(bits) => self
+                .producers
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| i < 64 && bits & (1 << i) != 0)
+                .map(|(_, p)| p.as_str())
+                .collect(),
+            Outstanding::Count(_) => Vec::new(),
+        }
+    }
+}
+
+/// A decision for the engine.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ConsumerEvent {
+    /// `completed`: every write landed; the blocks now belong to the running request.
+    Decode {
+        /// The request.
+        request: PushedRequest,
+        /// Its blocks.
+        blocks: BlockHandle,
+    },
+    /// `failed`: apply the KV load failure policy now; `Release` follows.
+    Failed {
+        /// The request.
+        request: PushedRequest,
+    },
+    /// `expired`: the deadline passed with `outstanding` writes owed; the blocks come back
+    /// later through `Release`.
+    Expired {
+        /// The request.
+        request: PushedRequest,
+        /// What was still owed.
+        outstanding: Outstanding,
+    },
+    /// The blocks of a request that did not complete are safe to reuse. `forced`: the
+    /// quarantine ran out with writes outstanding.
+    Release {
+        /// The request.
+        request: PushedRequest,
+        /// Its blocks.
+        blocks: BlockHandle,
+        /// Released by the quarantine.
+        forced: bool,
+    },
+}
+
+/// A request the engine wants pushed into this rank.
+#[derive(Debug)]
+pub struct PushRequest<'a> {
+    /// D's request id.
+    pub id: &'a str,
+    /// The producer engine (added with [`ConsumerDriver::add_producer_engine`]).
+    pub producer_engine: &'a str,
+    /// P's request id (for heartbeats).
+    pub remote_request_id: &'a str,
+    /// Router pairing key, if any.
+    pub transfer_id: Option<&'a str>,
+    /// The engine's handle on the destination blocks.
+    pub blocks: BlockHandle,
+    /// D's logical block ids per KV-cache group (uncached suffix), as sent in `PUSH_REG`.
+    pub block_ids: Vec<Vec<u64>>,
+    /// Deadline in ms from now; `None` uses the ledger's default.
+    pub deadline_ms: Option<u64>,
+}
+
+/// A registration that is being tracked.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Registered {
+    /// The core's key.
+    pub key: RequestKey,
+    /// Producer agents the `PUSH_REG` could not be sent to (F6). Their edges stay
+    /// outstanding until the deadline: the engine may abort.
+    pub unreached: Vec<String>,
+}
+
+/// What one [`ConsumerDriver::poll`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PollReport {
+    /// Notifications drained.
+    pub notifications: usize,
+    /// Decisions queued.
+    pub decisions: usize,
+}
+
+/// Failure of a consumer operation.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumerError {
+    /// [`PushRequest::producer_engine`] was never added.
+    #[error("unknown producer engine {0:?}")]
+    UnknownEngine(String),
+    /// The producer/consumer shapes do not fit.
+    #[error("producer engine {engine:?} cannot write consumer rank {rank}: {source}")]
+    Topology {
+        /// Producer engine.
+        engine: String,
+        /// This rank.
+        rank: u16,
+        /// Why.
+        #[source]
+        source: TopologyError,
+    },
+    /// Too many producer agents.
+    #[error(transparent)]
+    Directory(#[from] DirectoryFull),
+    /// The core refused the registration; the blocks come back unchanged.
+    #[error("registration of {id:?} refused: {kind:?}")]
+    Rejected {
+        /// D's request id.
+        id: String,
+        /// Why.
+        kind: RegisterErrorKind,
+        /// The engine's blocks, handed back.
+        blocks: BlockHandle,
+    },
+}
+
+/// Counters of a consumer rank (the core keeps its own).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConsumerCounters {
+    /// Notifications drained.
+    pub notifications: u64,
+    /// Notifications from agents never introduced.
+    pub from_strangers: u64,
+    /// `PUSH_REG` sent.
+    pub registrations_sent: u64,
+    /// `PUSH_REG` sends that failed (F6).
+    pub registrations_failed: u64,
+    /// `HB:` sent.
+    pub heartbeats_sent: u64,
+    /// `HB:` sends that failed.
+    pub heartbeats_failed: u64,
+    /// Producers found disconnected (and fenced).
+    pub disconnects: u64,
+    /// Producers fenced (disconnects and explicit fences).
+    pub fences: u64,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    request: PushedRequest,
+    /// Until the decision (F9).
+    heartbeat: bool,
+    /// Until decided or aborted.
+    ticket: Option<Pending>,
+}
+
+/// What the engine half keeps between calls.
+#[derive(Debug)]
+struct EngineState {
+    config: ConsumerConfig,
+    engines: HashMap<String, ProducerEngine>,
+    inflight: HashMap<RequestKey, InFlight>,
+    by_id: HashMap<String, RequestKey>,
+    disconnected: HashSet<String>,
+    /// Producers found gone, with the time their fence is due: a dead peer's bytes already
+    /// in flight (socket buffers) can still land for a while after its death is seen, so a
+    /// disconnect is fenced `settle_ms` later, like a failure notice (measured over UCX
+    /// TCP: up to 173 ms after the disconnect, `kvdrain experiment late-writes`).
+    to_fence: Vec<(String, u64)>,
+    last_heartbeat_ms: u64,
+    now: u64,
+    counters: ConsumerCounters,
+    events: VecDeque<ConsumerEvent>,
+    scratch: Vec<Decision>,
+}
+
+/// What the ingest half counts.
+#[derive(Debug, Default)]
+struct IngestState {
+    notifications: u64,
+    from_strangers: u64,
+}
+
+/// The consumer driver of one D rank. `N`: requests tracked at once (a power of two); `E`:
+/// named producers per request.
+///
+/// On one thread, call [`poll`](Self::poll) (or [`ingest`](Self::ingest) per notification)
+/// and the engine methods. On two, [`split`](Self::split) it after adding the producer
+/// engines: the [`ConsumerIngest`] half feeds notifications from the thread that drains
+/// them, lock-free, and the [`ConsumerEngine`] half does everything else on the engine
+/// thread (the core's `Ledger::split`).
+#[derive(Debug)]
+pub struct ConsumerDriver<const N: usize, const E: usize = 8> {
+    ledger: Box<Ledger<N, E>>,
+    directory: AgentDirectory,
+    ingest: IngestState,
+    state: EngineState,
+    inbox: Vec<Notification>,
+}
+
+/// The ingest half of a split [`ConsumerDriver`]: `Send`, one per driver.
+#[derive(Debug)]
+pub struct ConsumerIngest<'a, const N: usize, const E: usize> {
+    ingest: Ingest<'a, N, E>,
+    directory: &'a AgentDirectory,
+    state: &'a mut IngestState,
+}
+
+/// The engine half of a split [`ConsumerDriver`]: registration, aborts, fences, clock,
+/// heartbeats, decisions.
+#[derive(Debug)]
+pub struct ConsumerEngine<'a, const N: usize, const E: usize> {
+    engine: Engine<'a, N, E>,
+    directory: &'a AgentDirectory,
+    state: &'a mut EngineState,
+}
+
+impl<const N: usize, const E: usize> ConsumerIngest<'_, N, E> {
+    /// One notification from `sender`, into the core. [`Noticed::Decided`]: a decision
+    /// waits for the engine half's [`take_ready`](ConsumerEngine::take_ready).
+    ///
+    /// # Errors
+    /// The core's [`Ignored`] report for input that changed nothing.
+    pub fn ingest<'m>(&mut self, sender: &str, bytes: &'m [u8]) -> Result<Noticed, Ignored<'m>> {
+        self.state.notifications += 1;
+        let id = self.directory.id_or_stranger(sender);
+        if id == AgentDirectory::STRANGER {
+            self.state.from_strangers += 1;
+        }
+        self.ingest.handle_notification(id, bytes)
+    }
+}
+
+impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
+    /// A driver for one D rank; the ledger is built on the heap.
+    pub fn new(config: ConsumerConfig) -> Self {
+        ConsumerDriver {
+            ledger: Box::new(Ledger::new(config.ledger)),
+            directory: AgentDirectory::default(),
+            ingest: IngestState::default(),
+            state: EngineState {
+                config,
+                engines: HashMap::new(),
+                inflight: HashMap::with_capacity(N),
+                by_id: HashMap::with_capacity(N),
+                disconnected: HashSet::new(),
+                to_fence: Vec::new(),
+                last_heartbeat_ms: 0,
+                now: 0,
+                counters: ConsumerCounters::default(),
+                events: VecDeque::with_capacity(N),
+                scratch: Vec::with_capacity(N),
+            },
+            inbox: Vec::new(),
+        }
+    }
+
+    /// The two halves, for an ingest thread and an engine thread. Both borrow the driver:
+    /// run them under `std::thread::scope`. Add producer engines before splitting.
+    pub fn split(&mut self) -> (ConsumerIngest<'_, N, E>, ConsumerEngine<'_, N, E>) {
+        let (ingest, engine) = self.ledger.split();
+        (
+            ConsumerIngest {
+                ingest,
+                directory: &self.directory,
+                state: &mut self.ingest,
+            },
+            ConsumerEngine {
+                engine,
+                directory: &self.directory,
+                state: &mut self.state,
+            },
+        )
+    }
+
+    fn engine(&mut self) -> ConsumerEngine<'_, N, E> {
+        self.split().1
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ConsumerConfig {
+        &self.state.config
+    }
+
+    /// Names the agents of a producer engine (loaded by the transport) and remembers the
+    /// engine; a re-added agent is no longer treated as disconnected.
+    ///
+    /// # Errors
+    /// [`DirectoryFull`] if the names do not fit.
+    pub fn add_producer_engine(
+        &mut self,
+        engine: ProducerEngine,
+    ) -> Result<&ProducerEngine, ConsumerError> {
+        for name in &engine.agents {
+            self.directory.intern(name)?;
+            self.state.disconnected.remove(name);
+        }
+        let id = engine.engine_id.clone();
+        Ok(self.state.engines.entry(id).insert_entry(engine).into_mut())
+    }
+
+    /// The directory of producer agents.
+    pub fn directory(&self) -> &AgentDirectory {
+        &self.directory
+    }
+
+    /// [`ConsumerEngine::register`] on one thread.
+    ///
+    /// # Errors
+    /// As [`ConsumerEngine::register`].
+    pub fn register<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        request: PushRequest<'_>,
+        now_ms: u64,
+    ) -> Result<Registered, ConsumerError> {
+        self.engine().register(transport, request, now_ms)
+    }
+
+    /// [`ConsumerEngine::abort`] on one thread.
+    ///
+    /// # Errors
+    /// As [`ConsumerEngine::abort`].
+    pub fn abort(&mut self, id: &str) -> Result<Quarantined, AbortError> {
+        self.engine().abort(id)
+    }
+
+    /// [`ConsumerEngine::fence_producer`] on one thread.
+    pub fn fence_producer(&mut self, name: &str) -> u32 {
+        self.engine().fence_producer(name)
+    }
+
+    /// One notification from `sender`: into the core; a decision it made is queued at
+    /// once (the per-notice step of [`poll`](Self::poll)).
+    ///
+    /// # Errors
+    /// The core's [`Ignored`] report for input that changed nothing.
+    pub fn ingest<'m>(&mut self, sender: &str, bytes: &'m [u8]) -> Result<Noticed, Ignored<'m>> {
+        let (mut ingest, mut engine) = self.split();
+        let noticed = ingest.ingest(sender, bytes);
+        if let Ok(Noticed::Decided) = noticed {
+            engine.take_ready();
+        }
+        noticed
+    }
+
+    /// One round at monotonic time `now_ms` on one thread: notifications (deciding at
+    /// once), then [`ConsumerEngine::poll`].
+    ///
+    /// # Errors
+    /// [`DrainError`] if draining notifications failed (the rest of the round still ran).
+    pub fn poll<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        now_ms: u64,
+    ) -> Result<PollReport, DrainError> {
+        let before = self.state.events.len();
+        let mut inbox = std::mem::take(&mut self.inbox);
+        inbox.clear();
+        let drained = transport.drain_notifications(&mut inbox);
+        for (sender, bytes) in &inbox {
+            // Ignored input is counted by the core.
+            let _ = self.ingest(sender, bytes);
+        }
+        let notifications = inbox.len();
+        inbox.clear();
+        self.inbox = inbox;
+        self.engine().poll(transport, now_ms);
+        let report = PollReport {
+            notifications,
+            decisions: self.state.events.len() - before,
+        };
+        drained.map(|()| report)
+    }
+
+    /// [`ConsumerEngine::advance`] on one thread.
+    pub fn advance(&mut self, now_ms: u64) {
+        self.engine().advance(now_ms);
+    }
+
+    /// `lease_ms / 6` (vLLM), at least 1 ms.
+    pub fn heartbeat_interval_ms(&self) -> u64 {
+        (self.state.config.lease_ms / 6).max(1)
+    }
+
+    /// Decisions queued and not yet taken.
+    pub fn pending_events(&self) -> usize {
+        self.state.events.len()
+    }
+
+    /// The next decision for the engine.
+    pub fn poll_event(&mut self) -> Option<ConsumerEvent> {
+        self.state.events.pop_front()
+    }
+
+    /// Requests registered and not yet released (quarantined ones included).
+    pub fn in_flight(&self) -> usize {
+        self.state.inflight.len()
+    }
+
+    /// The core's counters.
+    pub fn core_counters(&self) -> kvdrain::Counters {
+        self.ledger.counters()
+    }
+
+    /// The driver's counters (both halves).
+    pub fn counters(&self) -> ConsumerCounters {
+        ConsumerCounters {
+            notifications: self.ingest.notifications,
+            from_strangers: self.ingest.from_strangers,
+            ..self.state.counters
+        }
+    }
+}
+
+impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
+    /// Tracks `request` in the core, then sends `PUSH_REG` to every agent of its producer
+    /// engine.
+    ///
+    /// # Errors
+    /// [`ConsumerError`]; on [`ConsumerError::Rejected`] the blocks come back and nothing
+    /// was sent.
+    pub fn register<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        request: PushRequest<'_>,
+        now_ms: u64,
+    ) -> Result<Registered, ConsumerError> {
+        let _span = tracing::debug_span!("register", req = request.id).entered();
+        let st = &mut *self.state;
+        st.now = st.now.max(now_ms);
+        let Some(engine) = st.engines.get(request.producer_engine) else {
+            return Err(ConsumerError::UnknownEngine(
+                request.producer_engine.to_owned(),
+            ));
+        };
+        let topology = Topology {
+            p_tp: engine.tp_size,
+            p_pp: engine.pp_size,
+            d_tp: st.config.tp_size,
+            mla: engine.mla,
+        };
+        let topology_error = |source| ConsumerError::Topology {
+            engine: engine.engine_id.clone(),
+            rank: st.config.tp_rank,
+            source,
+        };
+        topology.validate().map_err(topology_error)?;
+        let producers: Vec<String> = topology
+            .producers_of(st.config.tp_rank)
+            .filter_map(|(stage, tp)| {
+                let i = usize::from(stage) * usize::from(engine.tp_size) + usize::from(tp);
+                engine.agents.get(i).cloned()
+            })
+            .collect();
+        if producers.is_empty() {
+            return Err(topology_error(TopologyError::RankOutOfRange));
+        }
+        let ids: Vec<AgentId> = producers
+            .iter()
+            .map(|p| self.directory.id_or_stranger(p))
+            .collect();
+        let expected = topology.expected_per_consumer_rank();
+        // Named edges when every producer is named and they fit; vLLM's counting otherwise.
+        let expect = if ids.len() <= E
+            && ids.len() as u32 == expected
+            && !ids.contains(&AgentDirectory::STRANGER)
+        {
+            Expect::Edges(&ids)
+        } else {
+            Expect::Count(u8::try_from(expected).unwrap_or(u8::MAX))
+        };
+        let ticket = self
+            .engine
+            .register(Registration {
+                id: request.id,
+                blocks: request.blocks,
+                expect,
+                deadline_ms: request.deadline_ms,
+            })
+            .map_err(|e| ConsumerError::Rejected {
+                id: request.id.to_owned(),
+                kind: e.kind,
+                blocks: e.registration.blocks,
+            })?;
+        let key = ticket.key();
+        let registration = PushRegistration {
+            request_id: request.id.to_owned(),
+            decode_engine_id: st.config.engine_id.clone(),
+            decode_host: st.config.host.clone(),
+            decode_port: st.config.port,
+            decode_tp_size: st.config.tp_size,
+            local_block_ids: request.block_ids,
+            remote_engine_id: engine.engine_id.clone(),
+            remote_host: engine.host.clone(),
+            remote_port: engine.port,
+            remote_tp_size: engine.tp_size,
+            remote_pp_size: engine.pp_size,
+            transfer_id: request.transfer_id.map(str::to_owned),
+        }
+        .to_notification();
+        let agents = engine.agents.clone();
+        st.by_id.insert(request.id.to_owned(), key);
+        st.inflight.insert(
+            key,
+            InFlight {
+                request: PushedRequest {
+                    key,
+                    id: request.id.to_owned(),
+                    producer_engine: request.producer_engine.to_owned(),
+                    remote_request_id: request.remote_request_id.to_owned(),
+                    producers,
+                    registered_at_ms: st.now,
+                },
+                heartbeat: true,
+                ticket: Some(ticket),
+            },
+        );
+        let mut unreached = Vec::new();
+        for agent in agents {
+            if self.send(transport, &agent, &registration) {
+                self.state.counters.registrations_sent += 1;
+            } else {
+                tracing::warn!(
+                    req = request.id,
+                    agent,
+                    cause = "registration_unsent",
+                    "PUSH_REG could not be sent"
+                );
+                self.state.counters.registrations_failed += 1;
+                unreached.push(agent);
+            }
+        }
+        tracing::debug!(unreached = unreached.len(), "registered, PUSH_REG sent");
+        Ok(Registered { key, unreached })
+    }
+
+    /// The engine gives up on request `id`: over for the client now, heartbeats stop, its
+    /// blocks come back through [`ConsumerEvent::Release`] once no write can land.
+    ///
+    /// # Errors
+    /// [`AbortError`] if the request is unknown or already decided.
+    pub fn abort(&mut self, id: &str) -> Result<Quarantined, AbortError> {
+        let st = &mut *self.state;
+        let key = st.by_id.get(id).copied();
+        let ticket = key
+            .and_then(|k| st.inflight.get_mut(&k))
+            .and_then(|f| f.ticket.take());
+        let result = match ticket {
+            Some(t) => self.engine.abort(t),
+            None => self.engine.abort_id(id),
+        };
+        if let Some(f) = key.and_then(|k| st.inflight.get_mut(&k)) {
+            f.heartbeat = false;
+        }
+        result
+    }
+
+    /// Producer agent `name` can no longer write here (dead, or known gone by the control
+    /// plane): fence it in the core now. Returns the edges resolved.
+    pub fn fence_producer(&mut self, name: &str) -> u32 {
+        self.state.disconnected.insert(name.to_owned());
+        let Some(id) = self.directory.get(name) else {
+            return 0;
+        };
+        tracing::warn!(agent = name, cause = "fence", "producer fenced");
+        self.state.counters.fences += 1;
+        let mut decisions = std::mem::take(&mut self.state.scratch);
+        let resolved = self.engine.fence(id, |d| decisions.push(d));
+        for d in decisions.drain(..) {
+            self.state.queue(d);
+        }
+        self.state.scratch = decisions;
+        resolved
+    }
+
+    /// Takes the decisions the ingest half made ready; returns how many ready requests
+    /// were taken (each gives one or two events).
+    pub fn take_ready(&mut self) -> usize {
+        let mut decisions = std::mem::take(&mut self.state.scratch);
+        let taken = self.engine.poll(|d| decisions.push(d));
+        for d in decisions.drain(..) {
+            self.state.queue(d);
+        }
+        self.state.scratch = decisions;
+        taken
+    }
+
+    /// One engine round at monotonic time `now_ms`: peers gone and failed sends are fenced,
+    /// ready decisions taken, the clock advanced, heartbeats sent when due. Returns the
+    /// ready requests taken.
+    pub fn poll<T: Transport>(&mut self, transport: &mut T, now_ms: u64) -> usize {
+        self.state.now = self.state.now.max(now_ms);
+        while let Some(gone) = transport.peer_gone() {
+            if let GonePeer::Agent(name) = gone {
+                tracing::warn!(agent = %name, cause = "peer_gone", "producer disconnected");
+                self.state.counters.disconnects += 1;
+                self.state
+                    .to_fence
+                    .push((name, self.state.now + self.state.config.ledger.settle_ms));
+            }
+        }
+        let now = self.state.now;
+        let due: Vec<String> = {
+            let pending = &mut self.state.to_fence;
+            let mut due = Vec::new();
+            pending.retain(|(name, at)| {
+                if *at <= now {
+                    due.push(name.clone());
+                }
+                *at > now
+            });
+            due
+        };
+        for name in due {
+            self.fence_producer(&name);
+        }
+        let taken = self.take_ready();
+        self.advance(self.state.now);
+        let interval = (self.state.config.lease_ms / 6).max(1);
+        if self.state.now.saturating_sub(self.state.last_heartbeat_ms) >= interval {
+            self.state.last_heartbeat_ms = self.state.now;
+            self.heartbeat(transport);
+        }
+        taken
+    }
+
+    /// Advances the core's clock to `now_ms` (deadlines, quarantines).
+    pub fn advance(&mut self, now_ms: u64) {
+        self.state.now = self.state.now.max(now_ms);
+        let now = self.state.now;
+        let mut decisions = std::mem::take(&mut self.state.scratch);
+        // The driver's clock only moves forward: `advance` cannot refuse it.
+        let _ = self.engine.advance(now, |d| decisions.push(d));
+        for d in decisions.drain(..) {
+            self.state.queue(d);
+        }
+        self.state.scratch = decisions;
+    }
+
+    /// The next decision for the engine.
+    pub fn poll_event(&mut self) -> Option<ConsumerEvent> {
+        self.state.events.pop_front()
+    }
+
+    /// Requests registered and not yet released (quarantined ones included).
+    pub fn in_flight(&self) -> usize {
+        self.state.inflight.len()
+    }
+
+    /// `HB:` with P's request ids still waiting, per producer engine, to each of its agents.
+    fn heartbeat<T: Transport>(&mut self, transport: &mut T) {
+        let st = &*self.state;
+        let mut per_engine: HashMap<&str, Vec<&str>> = HashMap::new();
+        for f in st.inflight.values().filter(|f| f.heartbeat) {
+            let id = f.request.remote_request_id.as_str();
+            if !id.is_empty() && !id.contains(',') {
+                per_engine
+                    .entry(f.request.producer_engine.as_str())
+                    .or_default()
+                    .push(id);
+            }
+        }
+        let mut sends = Vec::new();
+        for (engine, ids) in per_engine {
+            let Some(engine) = st.engines.get(engine) else {
+                continue;
+            };
+            let len = 3 + ids.iter().map(|i| i.len() + 1).sum::<usize>();
+            let mut buf = vec![0; len];
+            let Ok(n) = kvdrain::wire::encode_heartbeat(ids.iter().copied(), &mut buf) else {
+                continue;
+            };
+            buf.truncate(n);
+            for agent in &engine.agents {
+                sends.push((agent.clone(), buf.clone()));
+            }
+        }
+        for (agent, msg) in sends {
+            if self.send(transport, &agent, &msg) {
+                self.state.counters.heartbeats_sent += 1;
+            } else {
+                self.state.counters.heartbeats_failed += 1;
+            }
+        }
+    }
+
+    /// Sends one notification; `false` if it could not be queued. A disconnected peer is
+    /// fenced at the next poll.
+    fn send<T: Transport>(&mut self, transport: &mut T, agent: &str, msg: &[u8]) -> bool {
+        if self.state.disconnected.contains(agent) {
+            return false;
+        }
+        match transport.send_notification(Peer::Agent(agent), msg) {
+            Ok(()) => true,
+            Err(SendError::PeerGone) => {
+                tracing::warn!(agent, cause = "peer_gone", "producer disconnected");
+                self.state.counters.disconnects += 1;
+                self.state.disconnected.insert(agent.to_owned());
+                let due = self.state.now + self.state.config.ledger.settle_ms;
+                self.state.to_fence.push((agent.to_owned(), due));
+                false
+            }
+            Err(SendError::Unreachable | SendError::Stale) => false,
+        }
+    }
+}
+
+impl EngineState {
+    fn queue(&mut self, d: Decision) {
+        let key = d.key();
+        let event = match d {
+            Decision::Completed(t) => ConsumerEvent::Decode {
+                request: self.forget(key),
+                blocks: t.into_decode(),
+            },
+            Decision::Failed(_) => {
+                let request = self.stop_heartbeat(key);
+                tracing::warn!(req = %request.id, cause = "transfer", "failed");
+                ConsumerEvent::Failed { request }
+            }
+            Decision::Expired(q) => {
+                let request = self.stop_heartbeat(key);
+                tracing::warn!(req = %request.id, cause = "deadline", outstanding = ?q.outstanding(), "expired");
+                ConsumerEvent::Expired {
+                    request,
+                    outstanding: q.outstanding(),
+                }
+            }
+            Decision::Released(t) => {
+                let forced = t.forced();
+                if forced {
+                    tracing::warn!(cause = "quarantine", "released by the quarantine");
+                }
+                ConsumerEvent::Release {
+                    request: self.forget(key),
+                    blocks: t.into_free(),
+                    forced,
+                }
+            }
+        };
+        self.events.push_back(event);
+    }
+
+    fn stop_heartbeat(&mut self, key: RequestKey) -> PushedRequest {
+        match self.inflight.get_mut(&key) {
+            Some(f) => {
+                f.heartbeat = false;
+                f.ticket = None;
+                f.request.clone()
+            }
+            None => self.unknown(key),
+        }
+    }
+
+    fn forget(&mut self, key: RequestKey) -> PushedRequest {
+        match self.inflight.remove(&key) {
+            Some(f) => {
+                self.by_id.remove(&f.request.id);
+                f.request
+            }
+            None => self.unknown(key),
+        }
+    }
+
+    /// A decision for a key the driver does not know: every key comes from `register`, so
+    /// this cannot happen; the blocks are still handed over.
+    fn unknown(&self, key: RequestKey) -> PushedRequest {
+        debug_assert!(false, "decision for a key never registered");
+        PushedRequest {
+            key,
+            id: String::new(),
+            producer_engine: String::new(),
+            remote_request_id: String::new(),
+            producers: Vec::new(),
+            registered_at_ms: self.now,
+        }
+    }
+}

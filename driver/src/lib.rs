@@ -1,0 +1,78 @@
+//! `kvdrain-driver`: the sans-IO drivers of vLLM's NIXL push protocol — one per side —
+//! that own every protocol rule above the core's ledger, generic over a [`Transport`].
+//!
+//! ```text
+//!        PRODUCER rank (ProducerDriver)                    CONSUMER rank (ConsumerDriver)
+//!  offer ─▶ OFFERED ─┐                                 register ─▶ core Ledger (edges from
+//!                    │◀──────── PUSH_REG ──────────────── the topology: named or count)
+//!  pair: exact id,   ▼                                      │  HB: P ids, every lease/6,
+//!  transfer_id,  PUSHING: PushPlan per request               │◀─ until the decision (F9)
+//!  base id       │  WRITE + completion ─────── data ───────▶│
+//!                │  Success ─────────── completion ────────▶│ notices → core → Decode,
+//!                │  never posted / backend error: PUSH_FAIL ▶│ Failed, Expired, Release
+//!                │  status unknown: nothing (D's deadline)   │
+//!                ▼  every WRITE terminal                     │ peer gone → fence (resolve
+//!          SourceReleased ─▶ RETIRED (late PUSH_REG: PUSH_FAIL, F4)       its edges)
+//! ```
+//!
+//! ## Drive contract
+//!
+//! **Time enters as a number (`now_ms`, one monotonic clock); bytes enter and leave only
+//! through the [`Transport`] passed to each call; decisions leave through `poll_event`.**
+//! No method blocks, spawns, sleeps or reads a clock.
+//!
+//! Producer rank ([`producer::ProducerDriver`]):
+//! 1. [`offer`](producer::ProducerDriver::offer) each finished request's source blocks
+//!    (starts its lease);
+//! 2. call [`tick`](producer::ProducerDriver::tick) on every scheduler step: it drains
+//!    `PUSH_REG` and `HB:`, pairs, posts, polls every WRITE, sends owed `PUSH_FAIL`s,
+//!    retires requests whose lease ran out;
+//! 3. take [`poll_event`](producer::ProducerDriver::poll_event) until `None`: free the
+//!    source blocks of each `SourceReleased`;
+//! 4. [`retire`](producer::ProducerDriver::retire) a request the engine aborts.
+//!
+//! Consumer rank ([`consumer::ConsumerDriver`]):
+//! 1. [`add_producer_engine`](consumer::ConsumerDriver::add_producer_engine) with the agent
+//!    names the transport loaded;
+//! 2. [`register`](consumer::ConsumerDriver::register) each request to be pushed into;
+//! 3. call [`poll`](consumer::ConsumerDriver::poll) on every scheduler step (or
+//!    [`ingest`](consumer::ConsumerDriver::ingest) each notification yourself and
+//!    [`advance`](consumer::ConsumerDriver::advance) the clock);
+//! 4. take [`poll_event`](consumer::ConsumerDriver::poll_event) until `None`: decode, fail,
+//!    or reuse blocks;
+//! 5. [`abort`](consumer::ConsumerDriver::abort) on client cancel;
+//!    [`fence_producer`](consumer::ConsumerDriver::fence_producer) when the control plane
+//!    knows a producer is gone.
+//!
+//! ## Why `std`
+//!
+//! The drivers key requests by the engines' string ids, pair by three string keys (exact,
+//! `transfer_id`, base id: [`pairing`]), name agents by NIXL's agent-name strings and decode
+//! msgpack registrations: that needs owned strings and maps. The per-request state machines
+//! that fit `no_std` stay in the core: the [`kvdrain::Ledger`] (consumer) and
+//! [`kvdrain::producer::PushPlan`] (producer). The per-request tables have a fixed capacity
+//! set at construction (hash tables reserved up front): offers and pushes together, stashed
+//! registrations, retired ids, and the consumer's in-flight requests (the ledger's `N`); a
+//! full table refuses and hands the item back, and nothing is evicted but retired ids
+//! (oldest first). What is allocated per request is the engine's own data, copied in: ids
+//! and block-id lists; per-peer maps grow with the number of peers.
+//!
+//! | module | concept |
+//! | --- | --- |
+//! | [`transport`] | the one trait a driver needs from the wire |
+//! | [`producer`] | P: pairing, leases, retired ids, plans, owed notices, source release |
+//! | [`consumer`] | D: directory, registration, heartbeats, fences, decisions |
+//! | [`pairing`] | exact / `transfer_id` / base-id pairing tables |
+//! | [`registration`] | the `PUSH_REG:` msgpack map, decoded as vLLM's msgspec does |
+//! | [`directory`] | producer agent names ↔ the core's `AgentId`s |
+//! | [`memory`] | the in-process transport |
+
+pub mod consumer;
+pub mod directory;
+pub mod memory;
+pub mod pairing;
+pub mod producer;
+pub mod registration;
+pub mod transport;
+
+pub use transport::Transport;
