@@ -165,6 +165,26 @@ enum kvdrain_notice
 typedef uint32_t kvdrain_notice;
 #endif // __cplusplus
 
+// Where one edge (a WRITE into one consumer rank) of a push plan stands.
+typedef enum kvdrain_edge_state {
+  // Planned, not attempted yet.
+  KVDRAIN_EDGE_PLANNED = 0,
+  // Posted; not terminal.
+  KVDRAIN_EDGE_POSTED = 1,
+  // The initiator saw it succeed.
+  KVDRAIN_EDGE_LANDED = 2,
+  // Posted, then a backend error: a failure notice is owed.
+  KVDRAIN_EDGE_FAILED_POSTED = 3,
+  // Never posted (post failed, or the plan retired first): a failure notice is owed.
+  KVDRAIN_EDGE_FAILED_UNPOSTED = 4,
+  // Posted, status unreadable: nothing owed, not terminal (sources stay fenced).
+  KVDRAIN_EDGE_UNKNOWN = 5,
+  // The failure notice was handed to the transport.
+  KVDRAIN_EDGE_NOTICED = 6,
+  // The consumer rank cannot be named or reached: no notice can be sent.
+  KVDRAIN_EDGE_UNREACHABLE = 7,
+} kvdrain_edge_state;
+
 // The half that registers, aborts, fences, advances the clock and takes decisions out:
 // one thread at a time (the scheduler thread), concurrently with the ingest half.
 typedef struct kvdrain_engine kvdrain_engine;
@@ -589,21 +609,61 @@ kvdrain_status kvdrain_push_plan_posted(struct kvdrain_push_plan *plan, uint16_t
 kvdrain_status kvdrain_push_plan_post_failed(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // The initiator saw the WRITE into `d_rank` succeed. `KVDRAIN_ERR_WRONG_STATE` unless
-// posted.
+// posted (after `kvdrain_push_plan_status_unknown`, use
+// `kvdrain_push_plan_landed_after_unknown`).
 //
 // # Safety
 // `plan` is NULL or a live plan used by no other thread now.
 kvdrain_status kvdrain_push_plan_landed(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
-// The WRITE into `d_rank` failed after it was posted: a failure notice is owed (bytes
-// may have landed). `KVDRAIN_ERR_WRONG_STATE` unless posted.
+// The posted WRITE into `d_rank` ended with a backend error (its own, or another
+// transfer's to the same consumer agent): nothing more of it lands, so a failure notice
+// is owed (`posted = 1`: bytes may have landed). Also accepted after
+// `kvdrain_push_plan_status_unknown`: the error bounds the unknown write.
+// `KVDRAIN_ERR_WRONG_STATE` unless posted or unknown.
+//
+// # Safety
+// `plan` is NULL or a live plan used by no other thread now.
+kvdrain_status kvdrain_push_plan_backend_error(struct kvdrain_push_plan *plan, uint16_t d_rank);
+
+// The older name of `kvdrain_push_plan_backend_error`, kept so existing callers build.
 //
 // # Safety
 // `plan` is NULL or a live plan used by no other thread now.
 kvdrain_status kvdrain_push_plan_failed(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
+// The posted WRITE into `d_rank` can no longer report its status (NIXL `NOT_FOUND` the
+// producer did not cause): it may still be landing. Nothing is owed, the edge is not
+// terminal (the source blocks stay fenced) and the consumer's deadline decides, unless
+// a later `Success` (`kvdrain_push_plan_landed_after_unknown`) or backend error
+// (`kvdrain_push_plan_backend_error`) settles it. Repeating it is a no-op.
+// `KVDRAIN_ERR_WRONG_STATE` unless posted or unknown.
+//
+// # Safety
+// `plan` is NULL or a live plan used by no other thread now.
+kvdrain_status kvdrain_push_plan_status_unknown(struct kvdrain_push_plan *plan, uint16_t d_rank);
+
+// The WRITE into `d_rank`, posted and perhaps reported unknown, was later seen to
+// succeed: it landed, nothing is owed. `KVDRAIN_ERR_WRONG_STATE` unless posted or
+// unknown.
+//
+// # Safety
+// `plan` is NULL or a live plan used by no other thread now.
+kvdrain_status kvdrain_push_plan_landed_after_unknown(struct kvdrain_push_plan *plan,
+                                                      uint16_t d_rank);
+
+// Writes where the edge into consumer rank `d_rank` stands to `*state`.
+// `KVDRAIN_ERR_UNKNOWN` for a rank this plan does not write.
+//
+// # Safety
+// `plan` is NULL or a live plan used by no other thread now; `state` is NULL or
+// writable.
+kvdrain_status kvdrain_push_plan_edge_state(struct kvdrain_push_plan *plan,
+                                            uint16_t d_rank,
+                                            enum kvdrain_edge_state *state);
+
 // Consumer rank `d_rank` cannot be named or reached: no notice can be sent for it.
-// `KVDRAIN_ERR_WRONG_STATE` if the edge is posted, landed or noticed.
+// `KVDRAIN_ERR_WRONG_STATE` if the edge is posted, unknown, landed or noticed.
 //
 // # Safety
 // `plan` is NULL or a live plan used by no other thread now.
@@ -635,8 +695,8 @@ kvdrain_status kvdrain_push_plan_owed(struct kvdrain_push_plan *plan,
                                       struct kvdrain_owed_notice *out,
                                       size_t *n);
 
-// Writes whether no WRITE of this request is in flight or still to be posted (the source
-// blocks may be released: never before) to `*terminal`, and whether every edge landed to
+// Writes whether no WRITE of this request is in flight, of unknown status, or still to be
+// posted (the source blocks may be released: never before) to `*terminal`, and whether every edge landed to
 // `*all_landed`; either may be NULL.
 //
 // # Safety

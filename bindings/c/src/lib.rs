@@ -98,12 +98,13 @@ pub use ingest::{
 };
 pub use ledger::{kvdrain_ledger_free, kvdrain_ledger_new, kvdrain_ledger_split};
 pub use producer::{
-    kvdrain_encode_failure_notice, kvdrain_owed_notice, kvdrain_push_plan,
-    kvdrain_push_plan_failed, kvdrain_push_plan_free, kvdrain_push_plan_landed,
+    kvdrain_edge_state, kvdrain_encode_failure_notice, kvdrain_owed_notice, kvdrain_push_plan,
+    kvdrain_push_plan_backend_error, kvdrain_push_plan_edge_state, kvdrain_push_plan_failed,
+    kvdrain_push_plan_free, kvdrain_push_plan_landed, kvdrain_push_plan_landed_after_unknown,
     kvdrain_push_plan_may_post, kvdrain_push_plan_new, kvdrain_push_plan_noticed,
     kvdrain_push_plan_owed, kvdrain_push_plan_post_failed, kvdrain_push_plan_posted,
-    kvdrain_push_plan_retire, kvdrain_push_plan_state, kvdrain_push_plan_unreachable,
-    kvdrain_topology,
+    kvdrain_push_plan_retire, kvdrain_push_plan_state, kvdrain_push_plan_status_unknown,
+    kvdrain_push_plan_unreachable, kvdrain_topology,
 };
 pub use status::{kvdrain_status, kvdrain_status_str};
 

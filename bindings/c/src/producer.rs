@@ -1,6 +1,12 @@
 //! The producer side: one request's push plan on one producer rank (which edges it
 //! writes, where each stands, which failure notices it owes), and the failure notice's
 //! bytes.
+//!
+//! A posted write has four outcomes, kept apart because only `Success` proves a write is
+//! over and only a backend error bounds it: `landed`, `backend_error` (one `PUSH_FAIL`
+//! owed), `status_unknown` (nothing owed, not terminal: the source blocks stay fenced) and
+//! `landed_after_unknown`. An edge never posted (`post_failed`, or planned when the plan
+//! retires) is owed its `PUSH_FAIL` at once; an unreachable one is owed nothing.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -44,6 +50,45 @@ pub struct kvdrain_owed_notice {
     /// 1 if the WRITE had been posted before it failed (some bytes may have landed;
     /// the consumer settles its blocks), 0 if it was never posted.
     pub posted: u8,
+}
+
+/// Where one edge (a WRITE into one consumer rank) of a push plan stands.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum kvdrain_edge_state {
+    /// Planned, not attempted yet.
+    KVDRAIN_EDGE_PLANNED = 0,
+    /// Posted; not terminal.
+    KVDRAIN_EDGE_POSTED = 1,
+    /// The initiator saw it succeed.
+    KVDRAIN_EDGE_LANDED = 2,
+    /// Posted, then a backend error: a failure notice is owed.
+    KVDRAIN_EDGE_FAILED_POSTED = 3,
+    /// Never posted (post failed, or the plan retired first): a failure notice is owed.
+    KVDRAIN_EDGE_FAILED_UNPOSTED = 4,
+    /// Posted, status unreadable: nothing owed, not terminal (sources stay fenced).
+    KVDRAIN_EDGE_UNKNOWN = 5,
+    /// The failure notice was handed to the transport.
+    KVDRAIN_EDGE_NOTICED = 6,
+    /// The consumer rank cannot be named or reached: no notice can be sent.
+    KVDRAIN_EDGE_UNREACHABLE = 7,
+}
+
+impl From<EdgeState> for kvdrain_edge_state {
+    fn from(s: EdgeState) -> Self {
+        use kvdrain_edge_state::*;
+        match s {
+            EdgeState::Planned => KVDRAIN_EDGE_PLANNED,
+            EdgeState::Posted => KVDRAIN_EDGE_POSTED,
+            EdgeState::Landed => KVDRAIN_EDGE_LANDED,
+            EdgeState::Failed { posted: true } => KVDRAIN_EDGE_FAILED_POSTED,
+            EdgeState::Failed { posted: false } => KVDRAIN_EDGE_FAILED_UNPOSTED,
+            EdgeState::Unknown => KVDRAIN_EDGE_UNKNOWN,
+            EdgeState::Noticed => KVDRAIN_EDGE_NOTICED,
+            EdgeState::Unreachable => KVDRAIN_EDGE_UNREACHABLE,
+        }
+    }
 }
 
 /// Plans every edge of producer rank `(pp_stage, tp_rank)` of `*topology` before anything
@@ -169,7 +214,8 @@ pub unsafe extern "C" fn kvdrain_push_plan_post_failed(
 }
 
 /// The initiator saw the WRITE into `d_rank` succeed. `KVDRAIN_ERR_WRONG_STATE` unless
-/// posted.
+/// posted (after `kvdrain_push_plan_status_unknown`, use
+/// `kvdrain_push_plan_landed_after_unknown`).
 ///
 /// # Safety
 /// `plan` is NULL or a live plan used by no other thread now.
@@ -182,8 +228,24 @@ pub unsafe extern "C" fn kvdrain_push_plan_landed(
     unsafe { with_plan(plan, |p| status(p.landed(d_rank))) }
 }
 
-/// The WRITE into `d_rank` failed after it was posted: a failure notice is owed (bytes
-/// may have landed). `KVDRAIN_ERR_WRONG_STATE` unless posted.
+/// The posted WRITE into `d_rank` ended with a backend error (its own, or another
+/// transfer's to the same consumer agent): nothing more of it lands, so a failure notice
+/// is owed (`posted = 1`: bytes may have landed). Also accepted after
+/// `kvdrain_push_plan_status_unknown`: the error bounds the unknown write.
+/// `KVDRAIN_ERR_WRONG_STATE` unless posted or unknown.
+///
+/// # Safety
+/// `plan` is NULL or a live plan used by no other thread now.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvdrain_push_plan_backend_error(
+    plan: *mut kvdrain_push_plan,
+    d_rank: u16,
+) -> kvdrain_status {
+    // SAFETY: as documented.
+    unsafe { with_plan(plan, |p| status(p.backend_error(d_rank))) }
+}
+
+/// The older name of `kvdrain_push_plan_backend_error`, kept so existing callers build.
 ///
 /// # Safety
 /// `plan` is NULL or a live plan used by no other thread now.
@@ -193,11 +255,73 @@ pub unsafe extern "C" fn kvdrain_push_plan_failed(
     d_rank: u16,
 ) -> kvdrain_status {
     // SAFETY: as documented.
-    unsafe { with_plan(plan, |p| status(p.failed(d_rank))) }
+    unsafe { with_plan(plan, |p| status(p.backend_error(d_rank))) }
+}
+
+/// The posted WRITE into `d_rank` can no longer report its status (NIXL `NOT_FOUND` the
+/// producer did not cause): it may still be landing. Nothing is owed, the edge is not
+/// terminal (the source blocks stay fenced) and the consumer's deadline decides, unless
+/// a later `Success` (`kvdrain_push_plan_landed_after_unknown`) or backend error
+/// (`kvdrain_push_plan_backend_error`) settles it. Repeating it is a no-op.
+/// `KVDRAIN_ERR_WRONG_STATE` unless posted or unknown.
+///
+/// # Safety
+/// `plan` is NULL or a live plan used by no other thread now.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvdrain_push_plan_status_unknown(
+    plan: *mut kvdrain_push_plan,
+    d_rank: u16,
+) -> kvdrain_status {
+    // SAFETY: as documented.
+    unsafe { with_plan(plan, |p| status(p.status_unknown(d_rank))) }
+}
+
+/// The WRITE into `d_rank`, posted and perhaps reported unknown, was later seen to
+/// succeed: it landed, nothing is owed. `KVDRAIN_ERR_WRONG_STATE` unless posted or
+/// unknown.
+///
+/// # Safety
+/// `plan` is NULL or a live plan used by no other thread now.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvdrain_push_plan_landed_after_unknown(
+    plan: *mut kvdrain_push_plan,
+    d_rank: u16,
+) -> kvdrain_status {
+    // SAFETY: as documented.
+    unsafe { with_plan(plan, |p| status(p.landed_after_unknown(d_rank))) }
+}
+
+/// Writes where the edge into consumer rank `d_rank` stands to `*state`.
+/// `KVDRAIN_ERR_UNKNOWN` for a rank this plan does not write.
+///
+/// # Safety
+/// `plan` is NULL or a live plan used by no other thread now; `state` is NULL or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvdrain_push_plan_edge_state(
+    plan: *mut kvdrain_push_plan,
+    d_rank: u16,
+    state: *mut kvdrain_edge_state,
+) -> kvdrain_status {
+    // SAFETY: as documented.
+    unsafe {
+        with_plan(plan, |p| {
+            let Some(out) = state.as_mut() else {
+                return KVDRAIN_ERR_NULL;
+            };
+            match p.edges().iter().find(|e| e.d_rank == d_rank) {
+                Some(e) => {
+                    *out = kvdrain_edge_state::from(e.state);
+                    KVDRAIN_OK
+                }
+                None => KVDRAIN_ERR_UNKNOWN,
+            }
+        })
+    }
 }
 
 /// Consumer rank `d_rank` cannot be named or reached: no notice can be sent for it.
-/// `KVDRAIN_ERR_WRONG_STATE` if the edge is posted, landed or noticed.
+/// `KVDRAIN_ERR_WRONG_STATE` if the edge is posted, unknown, landed or noticed.
 ///
 /// # Safety
 /// `plan` is NULL or a live plan used by no other thread now.
@@ -284,8 +408,8 @@ pub unsafe extern "C" fn kvdrain_push_plan_owed(
     }
 }
 
-/// Writes whether no WRITE of this request is in flight or still to be posted (the source
-/// blocks may be released: never before) to `*terminal`, and whether every edge landed to
+/// Writes whether no WRITE of this request is in flight, of unknown status, or still to be
+/// posted (the source blocks may be released: never before) to `*terminal`, and whether every edge landed to
 /// `*all_landed`; either may be NULL.
 ///
 /// # Safety

@@ -245,3 +245,69 @@ fn two_threads_decide_each_request_once() {
         }
     });
 }
+
+/// A push plan's outcomes through the ABI: a write of unknown status owes nothing and
+/// keeps the plan non-terminal; a backend error owes one notice; a never-posted edge is
+/// owed at once; a write that lands after its status was unknown owes nothing.
+#[test]
+fn producer_outcomes_through_the_abi() {
+    let topology = kvdrain_topology {
+        p_tp: 1,
+        p_pp: 1,
+        d_tp: 4,
+        mla: 0,
+    };
+    let mut plan = null_mut();
+    let mut owed = [MaybeUninit::<kvdrain_owed_notice>::uninit(); 4];
+    // SAFETY: valid pointers throughout; the plan is freed once at the end.
+    unsafe {
+        assert_eq!(
+            kvdrain_push_plan_new(&topology, 0, 0, &mut plan),
+            KVDRAIN_OK
+        );
+        for d_rank in 0..3 {
+            assert_eq!(kvdrain_push_plan_posted(plan, d_rank), KVDRAIN_OK);
+        }
+        assert_eq!(kvdrain_push_plan_status_unknown(plan, 0), KVDRAIN_OK);
+        assert_eq!(kvdrain_push_plan_status_unknown(plan, 1), KVDRAIN_OK);
+        assert_eq!(kvdrain_push_plan_backend_error(plan, 2), KVDRAIN_OK);
+        assert_eq!(kvdrain_push_plan_retire(plan), KVDRAIN_OK); // rank 3: never posted
+        let mut n = owed.len();
+        assert_eq!(
+            kvdrain_push_plan_owed(plan, owed.as_mut_ptr().cast(), &mut n),
+            KVDRAIN_OK
+        );
+        let owed: Vec<(u16, u8)> = owed[..n]
+            .iter()
+            .map(|o| {
+                let o = o.assume_init();
+                (o.d_rank, o.posted)
+            })
+            .collect();
+        assert_eq!(owed, [(2, 1), (3, 0)]);
+        let mut state = kvdrain_edge_state::KVDRAIN_EDGE_PLANNED;
+        assert_eq!(
+            kvdrain_push_plan_edge_state(plan, 0, &mut state),
+            KVDRAIN_OK
+        );
+        assert_eq!(state, kvdrain_edge_state::KVDRAIN_EDGE_UNKNOWN);
+        let (mut terminal, mut all_landed) = (true, true);
+        assert_eq!(
+            kvdrain_push_plan_state(plan, &mut terminal, &mut all_landed),
+            KVDRAIN_OK
+        );
+        assert!(!terminal && !all_landed);
+        assert_eq!(kvdrain_push_plan_landed_after_unknown(plan, 0), KVDRAIN_OK);
+        assert_eq!(kvdrain_push_plan_backend_error(plan, 1), KVDRAIN_OK);
+        assert_eq!(
+            kvdrain_push_plan_state(plan, &mut terminal, null_mut()),
+            KVDRAIN_OK
+        );
+        assert!(terminal);
+        assert_eq!(
+            kvdrain_push_plan_edge_state(plan, 9, &mut state),
+            KVDRAIN_ERR_UNKNOWN
+        );
+        kvdrain_push_plan_free(plan);
+    }
+}

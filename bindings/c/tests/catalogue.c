@@ -417,6 +417,149 @@ static void test_settling(void) {
     close_ledger(&f);
 }
 
+static fixture open_settling(uint32_t capacity, uint64_t quarantine_ms, uint64_t settle_ms) {
+    kvdrain_config cfg;
+    OK(kvdrain_config_default(capacity, &cfg));
+    cfg.deadline_ms = 1000;
+    cfg.quarantine_ms = quarantine_ms;
+    cfg.settle_ms = settle_ms;
+    return open_with(&cfg);
+}
+
+/* Rule 7 with rule 8: a request waiting to settle holds its slot until its release. */
+static void test_settling_holds_its_slot(void) {
+    fixture f = open_settling(1, 60000, 100);
+    uint64_t r = 0, s = 0;
+    OK(reg(&f, "r", 1, 1, NULL, 0, 0, &r));
+    CHECK(feed(&f, 0, "PUSH_FAIL:r:1") == KVDRAIN_NOTICE_DECIDED);
+    kvdrain_decision d[4];
+    CHECK(poll_all(&f, d, 4, 4) == 1);
+    expect_decision(&d[0], KVDRAIN_FAILED, r, 0, 0);
+    EXPECT(reg(&f, "s", 2, 1, NULL, 0, 0, &s), KVDRAIN_ERR_FULL);
+    kvdrain_engine_info info;
+    OK(kvdrain_engine_get_info(f.engine, &info));
+    CHECK(info.tracked == 1 && info.next_timer_ms == 100);
+    OK(kvdrain_engine_advance(f.engine, 100));
+    CHECK(poll_all(&f, d, 4, 4) == 1);
+    expect_decision(&d[0], KVDRAIN_RELEASED, r, 1, 0);
+    OK(reg(&f, "s", 2, 1, NULL, 0, 0, &s)); /* free once settled */
+    close_ledger(&f);
+}
+
+/* The settle end counts from the last failure notice; one already passed when the last
+ * edge resolves releases with the failure. */
+static void test_settling_counts_from_the_last_notice(void) {
+    fixture f = open_settling(16, 60000, 100);
+    uint64_t r = 0, s = 0;
+    OK(reg(&f, "r", 3, 2, NULL, 0, 0, &r));
+    CHECK(feed(&f, 0, "PUSH_FAIL:r:1") == KVDRAIN_NOTICE_COUNTED);
+    OK(kvdrain_engine_advance(f.engine, 50));
+    CHECK(feed(&f, 1, "PUSH_FAIL:r:1") == KVDRAIN_NOTICE_DECIDED);
+    kvdrain_decision d[4];
+    CHECK(poll_all(&f, d, 4, 4) == 1);
+    expect_decision(&d[0], KVDRAIN_FAILED, r, 0, 0);
+    OK(kvdrain_engine_advance(f.engine, 149));
+    CHECK(poll_all(&f, d, 4, 4) == 0);
+    OK(kvdrain_engine_advance(f.engine, 150));
+    CHECK(poll_all(&f, d, 4, 4) == 1);
+    expect_decision(&d[0], KVDRAIN_RELEASED, r, 3, 0);
+
+    OK(reg(&f, "s", 4, 2, NULL, 0, 0, &s));
+    CHECK(feed(&f, 0, "PUSH_FAIL:s:1") == KVDRAIN_NOTICE_COUNTED);
+    OK(kvdrain_engine_advance(f.engine, 250));
+    CHECK(feed(&f, 1, "s:1") == KVDRAIN_NOTICE_DECIDED);
+    CHECK(poll_all(&f, d, 4, 4) == 2);
+    expect_decision(&d[0], KVDRAIN_FAILED, s, 0, 0);
+    expect_decision(&d[1], KVDRAIN_RELEASED, s, 4, 0);
+    close_ledger(&f);
+}
+
+/* One request with edge agent 0, aborted at 0 (or expired at its deadline 0), whose edge
+ * a failure notice resolves at `notice_at`; returns its key. */
+static uint64_t quarantined_with_notice(fixture *f, int expire, uint64_t notice_at) {
+    const uint16_t agent = 0;
+    uint64_t key = 0;
+    kvdrain_decision d[4];
+    if (expire) {
+        /* deadline 0 means "the default": use 1 ms and start the clock there. */
+        OK(reg(f, "q", 5, 0, &agent, 1, 1, &key));
+        OK(kvdrain_engine_advance(f->engine, 1));
+        CHECK(poll_all(f, d, 4, 4) == 1);
+        CHECK(d[0].kind == KVDRAIN_EXPIRED && d[0].key == key);
+    } else {
+        OK(kvdrain_engine_advance(f->engine, 1));
+        OK(reg(f, "q", 5, 0, &agent, 1, 0, &key));
+        OK(kvdrain_engine_abort(f->engine, key, NULL));
+    }
+    OK(kvdrain_engine_advance(f->engine, notice_at));
+    CHECK(feed(f, 0, "PUSH_FAIL:q:1") == KVDRAIN_NOTICE_DECIDED);
+    CHECK(poll_all(f, d, 4, 4) == 0); /* settling; the quarantine still runs */
+    return key;
+}
+
+/* Abort/expiry: the release comes at the settle end or the quarantine end, whichever is
+ * first; the quarantine is not delayed by settling; on a tie the settle end wins
+ * (forced = 0). Quarantine starts at 1 (the abort or the deadline). */
+static void test_settling_against_quarantine(void) {
+    kvdrain_decision d[4];
+    for (int expire = 0; expire <= 1; expire++) {
+        /* settle end 111 before quarantine end 501 */
+        fixture f = open_settling(16, 500, 100);
+        uint64_t key = quarantined_with_notice(&f, expire, 11);
+        OK(kvdrain_engine_advance(f.engine, 110));
+        CHECK(poll_all(&f, d, 4, 4) == 0);
+        OK(kvdrain_engine_advance(f.engine, 111));
+        CHECK(poll_all(&f, d, 4, 4) == 1);
+        expect_decision(&d[0], KVDRAIN_RELEASED, key, 5, 0);
+        OK(kvdrain_engine_advance(f.engine, 600));
+        CHECK(poll_all(&f, d, 4, 4) == 0);
+        close_ledger(&f);
+
+        /* quarantine end 101 before settle end 151 */
+        f = open_settling(16, 100, 100);
+        key = quarantined_with_notice(&f, expire, 51);
+        OK(kvdrain_engine_advance(f.engine, 100));
+        CHECK(poll_all(&f, d, 4, 4) == 0);
+        OK(kvdrain_engine_advance(f.engine, 101));
+        CHECK(poll_all(&f, d, 4, 4) == 1);
+        expect_decision(&d[0], KVDRAIN_RELEASED, key, 5, 1);
+        OK(kvdrain_engine_advance(f.engine, 200));
+        CHECK(poll_all(&f, d, 4, 4) == 0);
+        close_ledger(&f);
+
+        /* tie at 101: settle end 61 + 40 = quarantine end 1 + 100 */
+        f = open_settling(16, 100, 40);
+        key = quarantined_with_notice(&f, expire, 61);
+        OK(kvdrain_engine_advance(f.engine, 100));
+        CHECK(poll_all(&f, d, 4, 4) == 0);
+        OK(kvdrain_engine_advance(f.engine, 101));
+        CHECK(poll_all(&f, d, 4, 4) == 1);
+        expect_decision(&d[0], KVDRAIN_RELEASED, key, 5, 0);
+        OK(kvdrain_engine_advance(f.engine, 1000));
+        CHECK(poll_all(&f, d, 4, 4) == 0);
+        close_ledger(&f);
+    }
+}
+
+/* settle_ms = 0 is vLLM's failure notice: the release comes with the failure. */
+static void test_settle_zero_is_vllm(void) {
+    fixture f = open_settling(1, 60000, 0);
+    const uint16_t agents[] = {0, 1};
+    uint64_t r = 0;
+    OK(reg(&f, "r", 8, 0, agents, 2, 0, &r));
+    CHECK(feed(&f, 1, "PUSH_FAIL:r:2") == KVDRAIN_NOTICE_COUNTED);
+    CHECK(feed(&f, 0, "r:2") == KVDRAIN_NOTICE_DECIDED);
+    kvdrain_decision d[4];
+    CHECK(poll_all(&f, d, 4, 4) == 2);
+    expect_decision(&d[0], KVDRAIN_FAILED, r, 0, 0);
+    expect_decision(&d[1], KVDRAIN_RELEASED, r, 8, 0);
+    kvdrain_engine_info info;
+    OK(kvdrain_engine_get_info(f.engine, &info));
+    CHECK(info.tracked == 0 && info.next_timer_ms == KVDRAIN_NO_TIMER);
+    OK(reg(&f, "s", 9, 1, NULL, 0, 0, NULL)); /* the slot is free at once */
+    close_ledger(&f);
+}
+
 /* Decisions the caller's array has no room for wait; advance refuses to decide more than
  * the queue can hold. */
 static void test_queue_and_pending(void) {
@@ -631,6 +774,65 @@ static void test_producer_owed_notices(void) {
     EXPECT(kvdrain_push_plan_new(&topo, 0, 0, &p), KVDRAIN_ERR_INVALID);
     EXPECT(kvdrain_push_plan_new(NULL, 0, 0, &p), KVDRAIN_ERR_NULL);
     EXPECT(kvdrain_push_plan_retire(NULL), KVDRAIN_ERR_NULL);
+
+    /* Only Success proves a posted write over, only a backend error bounds it: a write
+     * whose status is unknown owes nothing and keeps the plan non-terminal. */
+    topo = (kvdrain_topology){.p_tp = 1, .p_pp = 1, .d_tp = 4, .mla = 0};
+    OK(kvdrain_push_plan_new(&topo, 0, 0, &p));
+    for (uint16_t r = 0; r < 3; r++) OK(kvdrain_push_plan_posted(p, r));
+    OK(kvdrain_push_plan_status_unknown(p, 0));
+    OK(kvdrain_push_plan_status_unknown(p, 0)); /* repeated: no-op */
+    OK(kvdrain_push_plan_status_unknown(p, 1));
+    OK(kvdrain_push_plan_status_unknown(p, 2));
+    OK(kvdrain_push_plan_retire(p)); /* rank 3 never attempted: owed at once */
+    kvdrain_edge_state st = KVDRAIN_EDGE_PLANNED;
+    OK(kvdrain_push_plan_edge_state(p, 0, &st));
+    CHECK(st == KVDRAIN_EDGE_UNKNOWN);
+    OK(kvdrain_push_plan_edge_state(p, 3, &st));
+    CHECK(st == KVDRAIN_EDGE_FAILED_UNPOSTED);
+    EXPECT(kvdrain_push_plan_edge_state(p, 9, &st), KVDRAIN_ERR_UNKNOWN);
+    EXPECT(kvdrain_push_plan_edge_state(p, 0, NULL), KVDRAIN_ERR_NULL);
+    CHECK(owed(p, o, 8) == 1);
+    CHECK(o[0].d_rank == 3 && o[0].posted == 0);
+    OK(kvdrain_push_plan_noticed(p, 3));
+    OK(kvdrain_push_plan_state(p, &terminal, &all_landed));
+    CHECK(!terminal && !all_landed); /* unknown writes: the source blocks stay fenced */
+    EXPECT(kvdrain_push_plan_landed(p, 0), KVDRAIN_ERR_WRONG_STATE);
+    EXPECT(kvdrain_push_plan_noticed(p, 0), KVDRAIN_ERR_WRONG_STATE); /* nothing owed */
+    EXPECT(kvdrain_push_plan_unreachable(p, 0), KVDRAIN_ERR_WRONG_STATE);
+    /* A backend error (this write's or another to the same peer) bounds an unknown write:
+     * one notice, marked posted. */
+    OK(kvdrain_push_plan_backend_error(p, 0));
+    CHECK(owed(p, o, 8) == 1);
+    CHECK(o[0].d_rank == 0 && o[0].posted == 1);
+    OK(kvdrain_push_plan_edge_state(p, 0, &st));
+    CHECK(st == KVDRAIN_EDGE_FAILED_POSTED);
+    /* Success after all: landed, nothing owed. */
+    OK(kvdrain_push_plan_landed_after_unknown(p, 1));
+    OK(kvdrain_push_plan_edge_state(p, 1, &st));
+    CHECK(st == KVDRAIN_EDGE_LANDED);
+    EXPECT(kvdrain_push_plan_backend_error(p, 1), KVDRAIN_ERR_WRONG_STATE); /* final */
+    OK(kvdrain_push_plan_state(p, &terminal, NULL));
+    CHECK(!terminal); /* rank 2 still unknown */
+    OK(kvdrain_push_plan_landed_after_unknown(p, 2));
+    OK(kvdrain_push_plan_state(p, &terminal, &all_landed));
+    CHECK(terminal && !all_landed);
+    CHECK(owed(p, o, 8) == 1); /* only rank 0's */
+    OK(kvdrain_push_plan_noticed(p, 0));
+    CHECK(owed(p, o, 8) == 0);
+    kvdrain_push_plan_free(p);
+
+    /* landed_after_unknown also accepts a plainly posted write; status_unknown needs one. */
+    topo = (kvdrain_topology){.p_tp = 1, .p_pp = 1, .d_tp = 1, .mla = 0};
+    OK(kvdrain_push_plan_new(&topo, 0, 0, &p));
+    EXPECT(kvdrain_push_plan_status_unknown(p, 0), KVDRAIN_ERR_WRONG_STATE);
+    EXPECT(kvdrain_push_plan_backend_error(p, 0), KVDRAIN_ERR_WRONG_STATE);
+    OK(kvdrain_push_plan_posted(p, 0));
+    OK(kvdrain_push_plan_landed_after_unknown(p, 0));
+    OK(kvdrain_push_plan_state(p, &terminal, &all_landed));
+    CHECK(terminal && all_landed);
+    kvdrain_push_plan_free(p);
+    EXPECT(kvdrain_push_plan_status_unknown(NULL, 0), KVDRAIN_ERR_NULL);
 
     /* The notice's bytes, fed to a consumer. */
     uint8_t buf[64];
@@ -850,6 +1052,10 @@ int main(void) {
     RUN(test_deadline);
     RUN(test_fence);
     RUN(test_settling);
+    RUN(test_settling_holds_its_slot);
+    RUN(test_settling_counts_from_the_last_notice);
+    RUN(test_settling_against_quarantine);
+    RUN(test_settle_zero_is_vllm);
     RUN(test_queue_and_pending);
     RUN(test_batch_feed);
     RUN(test_handles_nulls_and_misuse);

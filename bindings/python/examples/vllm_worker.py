@@ -26,5 +26,7 @@ finished, failed = consumer.get_transfer_results()
 print("finished_recving", finished, "failed", failed)
 print("invalid blocks", consumer.get_block_ids_with_load_errors())
 if consumer.request_finished("cmpl-8-0"):
+    # Its PUSH_FAILs may report writes that errored after posting and can still land:
+    # the blocks settle for settle_ms (5 s by default) after the last one.
     print("blocks of cmpl-8-0 stay fenced until get_released() names them")
 print("released", consumer.get_released())

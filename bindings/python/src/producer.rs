@@ -120,7 +120,7 @@ impl PyPushPlan {
     }
 
     /// `(d_rank, state)` per edge; states: planned, posted, landed, failed_posted,
-    /// failed_unposted, noticed, unreachable.
+    /// failed_unposted, unknown, noticed, unreachable.
     #[getter]
     fn edges(&self) -> Vec<(u16, &'static str)> {
         self.plan
@@ -147,14 +147,44 @@ impl PyPushPlan {
             .map_err(plan_error)
     }
 
-    /// The initiator saw the WRITE to `d_rank` succeed.
+    /// The initiator saw the WRITE to `d_rank` succeed (after `status_unknown`, use
+    /// `landed_after_unknown`).
     fn landed(&mut self, d_rank: i64) -> PyResult<()> {
         self.plan.landed(Self::rank(d_rank)?).map_err(plan_error)
     }
 
-    /// The posted WRITE to `d_rank` got a backend error: no completion will come from it.
+    /// The posted WRITE to `d_rank` ended with a backend error (its own, or another
+    /// transfer's to the same consumer agent): nothing more of it lands, a `PUSH_FAIL` is
+    /// owed. Also accepted after `status_unknown`: the error bounds the unknown write.
+    fn backend_error(&mut self, d_rank: i64) -> PyResult<()> {
+        self.plan
+            .backend_error(Self::rank(d_rank)?)
+            .map_err(plan_error)
+    }
+
+    /// The older name of `backend_error`.
     fn failed(&mut self, d_rank: i64) -> PyResult<()> {
-        self.plan.failed(Self::rank(d_rank)?).map_err(plan_error)
+        self.plan
+            .backend_error(Self::rank(d_rank)?)
+            .map_err(plan_error)
+    }
+
+    /// The posted WRITE to `d_rank` can no longer report its status (NIXL `NOT_FOUND` the
+    /// producer did not cause): it may still land. Nothing is owed and the edge is not
+    /// terminal (the source blocks stay fenced; the consumer's deadline decides) until a
+    /// later `landed_after_unknown` or `backend_error`. Repeating it is a no-op.
+    fn status_unknown(&mut self, d_rank: i64) -> PyResult<()> {
+        self.plan
+            .status_unknown(Self::rank(d_rank)?)
+            .map_err(plan_error)
+    }
+
+    /// The WRITE to `d_rank`, posted and perhaps reported unknown, was later seen to
+    /// succeed: it landed, nothing is owed.
+    fn landed_after_unknown(&mut self, d_rank: i64) -> PyResult<()> {
+        self.plan
+            .landed_after_unknown(Self::rank(d_rank)?)
+            .map_err(plan_error)
     }
 
     /// Consumer rank `d_rank` cannot be named or reached: no notice can be sent to it.

@@ -321,16 +321,94 @@ def test_a_settling_request_holds_its_slot() -> None:
     led = Ledger(1, settle_ms=100)
     led.register("r", None, 1)
     led.feed({"a": [b"PUSH_FAIL:r:1"]})
-    led.poll()
+    assert kinds(led.poll()) == [("failed", "r")]
+    assert len(led) == 1
     with pytest.raises(kvdrain.FullError):
         led.register("s", None, 1)
+    assert kinds(led.advance(100)) == [("released", "r")]
+    assert len(led) == 0
+    led.register("s", None, 1)  # the slot is free once the notice settled
+
+
+def test_a_settle_end_already_passed_releases_with_the_failure() -> None:
+    led = Ledger(16, settle_ms=100)
+    led.register("r", None, 2)
+    led.feed({"a": [b"PUSH_FAIL:r:1"]})
+    led.advance(100)
+    led.feed({"b": [b"r:1"]})  # the last edge resolves after the settle end
+    assert [(d.kind, d.at_ms, d.forced) for d in led.poll()] == [
+        ("failed", 100, False),
+        ("released", 100, False),
+    ]
+
+
+def quarantined_with_a_failure_notice(
+    *, expire: bool, quarantine_ms: int, settle_ms: int, notice_at: int
+) -> Ledger:
+    """One request (edge p0) aborted at 0, or expired at its deadline of 0, whose edge a
+    failure notice resolves at `notice_at`."""
+    led = Ledger(16, quarantine_ms=quarantine_ms, settle_ms=settle_ms)
+    if expire:
+        led.register("r", [7], ["p0"], deadline_ms=0)
+        assert kinds(led.advance(0)) == [("expired", "r")]
+    else:
+        led.register("r", [7], ["p0"])
+        d = led.abort("r")
+        assert d is not None and d.kind == "aborted"
+    led.advance(notice_at)
+    led.feed({"p0": [b"PUSH_FAIL:r:1"]})
+    assert led.poll() == []  # the notice settles; the quarantine still runs
+    return led
+
+
+@pytest.mark.parametrize("expire", [False, True], ids=["aborted", "expired"])
+def test_settle_end_before_quarantine_end_releases_unforced(expire: bool) -> None:
+    led = quarantined_with_a_failure_notice(
+        expire=expire, quarantine_ms=500, settle_ms=100, notice_at=10
+    )
+    assert led.advance(109) == []
+    (d,) = led.advance(110)
+    assert (d.kind, d.at_ms, d.forced, d.blocks) == ("released", 110, False, [7])
+    assert led.advance(500) == []
+
+
+@pytest.mark.parametrize("expire", [False, True], ids=["aborted", "expired"])
+def test_quarantine_end_before_settle_end_forces_the_release(expire: bool) -> None:
+    led = quarantined_with_a_failure_notice(
+        expire=expire, quarantine_ms=100, settle_ms=100, notice_at=50
+    )
+    assert led.advance(99) == []
+    (d,) = led.advance(100)  # settling does not delay the quarantine's end
+    assert (d.kind, d.at_ms, d.forced) == ("released", 100, True)
+    assert led.advance(150) == [] and len(led) == 0
+
+
+@pytest.mark.parametrize("expire", [False, True], ids=["aborted", "expired"])
+def test_quarantine_end_tied_with_settle_end_is_not_forced(expire: bool) -> None:
+    led = quarantined_with_a_failure_notice(
+        expire=expire, quarantine_ms=100, settle_ms=40, notice_at=60
+    )
+    assert led.next_timer_ms == 100
+    assert led.advance(99) == []
+    (d,) = led.advance(100)  # both ends at once: one release, by settling
+    assert (d.kind, d.at_ms, d.forced) == ("released", 100, False)
+    assert led.advance(1000) == []
 
 
 def test_settle_zero_releases_with_the_decision() -> None:
-    led = Ledger(16, settle_ms=0)
+    """settle_ms=0 is vLLM's failure notice: the release comes with the decision, in
+    counting and named-edge mode, and the slot is free at once."""
+    led = Ledger(1, settle_ms=0)
     led.register("r", None, 1)
     led.feed({"a": [b"PUSH_FAIL:r:1"]})
-    assert kinds(led.poll()) == [("failed", "r"), ("released", "r")]
+    assert [(d.kind, d.at_ms, d.forced) for d in led.poll()] == [
+        ("failed", 0, False),
+        ("released", 0, False),
+    ]
+    led.register("s", None, ["p0", "p1"])
+    led.feed({"p1": [b"PUSH_FAIL:s:2"], "p0": [b"s:2"]})
+    assert kinds(led.poll()) == [("failed", "s"), ("released", "s")]
+    assert len(led) == 0 and led.next_timer_ms is None
 
 
 def test_fence_needs_no_settling() -> None:

@@ -241,3 +241,51 @@ def test_failed_request_blocks_settle_before_they_are_freed() -> None:
     clock.advance_ms(1)
     c.get_new_notifs()
     assert c.get_released() == {"s"}
+
+
+def test_failed_blocks_are_reported_at_once_and_freed_after_settling() -> None:
+    """A failed request's blocks are invalid for the request as soon as it fails
+    (``get_block_ids_with_load_errors``), but free only after its last failure notice has
+    settled: the engine delays the free and gets the id back from ``get_released``."""
+    clock = FakeClock()
+    c = PushConsumer(capacity=8, settle_ms=100, clock=clock)
+    c.start_load_kv("d-req", [100, 101], tp_size=2)
+    c.writer_batch({"P0": [b"PUSH_FAIL:d-req:2"]})
+    c.get_new_notifs()
+    clock.advance_ms(30)
+    c.get_new_notifs()  # an engine step: the notices that follow are stamped 30
+    c.writer_batch({"P1": [b"PUSH_FAIL:d-req:2"]})  # the last notice: settles until 130
+    c.get_new_notifs()
+    assert c.get_transfer_results() == (set(), {"d-req"})
+    assert c.get_block_ids_with_load_errors() == {100, 101}
+    assert c.request_finished("d-req") is True
+    clock.advance_ms(99)
+    c.get_new_notifs()
+    assert c.get_released() == set()
+    clock.advance_ms(1)
+    c.get_new_notifs()
+    assert c.get_released() == {"d-req"}
+    assert c.get_block_ids_with_load_errors() == set()  # reported once, not again
+    assert len(c.ledger) == 0
+
+
+def test_failed_request_finished_after_settling_frees_at_once() -> None:
+    clock = FakeClock()
+    c = PushConsumer(capacity=8, settle_ms=100, clock=clock)
+    c.start_load_kv("s", [1], tp_size=1)
+    c.writer_batch({"P0": [b"PUSH_FAIL:s:1"]})
+    clock.advance_ms(100)
+    c.get_new_notifs()  # failed, and the settle end already passed: released too
+    assert c.get_transfer_results() == (set(), {"s"})
+    assert c.request_finished("s") is False
+    assert c.get_released() == set()
+
+
+def test_settle_zero_is_vllm_failure_handling() -> None:
+    c = PushConsumer(capacity=8, settle_ms=0, clock=FakeClock())
+    c.start_load_kv("d-req", [100, 101], tp_size=2)
+    c.writer_batch({"P0": [b"PUSH_FAIL:d-req:2"], "P1": [b"d-req:2"]})
+    c.get_new_notifs()
+    assert c.get_transfer_results() == (set(), {"d-req"})
+    assert c.get_block_ids_with_load_errors() == {100, 101}
+    assert c.request_finished("d-req") is False  # free now, as vLLM does

@@ -2,7 +2,7 @@
 that prefill producers push into a decode node over NIXL (vLLM push mode).
 
 The consumer side is :class:`Ledger`; the producer side is :class:`PushPlan` (and
-:func:`failure_notices`); :mod:`kvdrain.vllm` maps both onto vLLM's push worker.
+:func:`failure_notices`, :func:`plan_outcomes`); :mod:`kvdrain.vllm` maps both onto vLLM's push worker.
 
 ::
 
@@ -27,7 +27,7 @@ from kvdrain._errors import (
     UnknownRequestError,
 )
 from kvdrain._kvdrain import MAX_EDGES, TABLE_SIZES, Decision, Ledger, PushPlan
-from kvdrain._producer import Outcome, failure_notices
+from kvdrain._producer import Outcome, failure_notices, plan_outcomes
 
 __all__ = [
     "MAX_EDGES",
@@ -46,4 +46,5 @@ __all__ = [
     "TopologyError",
     "UnknownRequestError",
     "failure_notices",
+    "plan_outcomes",
 ]

@@ -27,6 +27,22 @@ decided request, unknown ids and garbage bytes never raise and create no state; 
 that waits past its deadline fails (``expired``); and the blocks of an aborted or expired
 request stay fenced until no write can still land (or ``quarantine_ms`` runs out) — they
 come back through :meth:`~PushConsumer.get_released`.
+
+Failed requests and settling (rule 8 of the replay spec). A ``PUSH_FAIL:`` may report a
+write that errored after it was posted, and NIXL cannot cancel a posted write: its bytes
+can still land for a while. So a failed request's blocks take two steps:
+
+1. when it fails, :meth:`~PushConsumer.get_transfer_results` names it and
+   :meth:`~PushConsumer.get_block_ids_with_load_errors` reports all its blocks (every KV
+   group): they do not hold its KV, the engine applies its load failure policy;
+2. they are **not free yet**: :meth:`~PushConsumer.request_finished` returns ``True``
+   (delay the free) until ``settle_ms`` after the request's last failure notice, and then
+   :meth:`~PushConsumer.get_released` names the request — the blocks may be reused.
+
+A request that failed only by fences or deadlines needs no settling beyond its quarantine;
+``settle_ms=0`` is vLLM's behaviour (the blocks are free with the failure). A failure
+notice's time is the clock of the engine thread's last :meth:`~PushConsumer.get_new_notifs`
+(the writer thread reads no clock), so leave one engine step of margin in ``settle_ms``.
 """
 
 from __future__ import annotations
@@ -136,7 +152,7 @@ class PushConsumer:
 
     def now_ms(self) -> int:
         """The clock in ms since this object was made."""
-        return int((self._clock() - self._epoch) * 1000)
+        return round((self._clock() - self._epoch) * 1000)
 
     def get_new_notifs(self) -> set[str]:
         """The engine thread's step (vLLM's ``_get_new_notifs``): takes the decisions the
@@ -174,15 +190,20 @@ class PushConsumer:
         return finished, failed
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        """Every block of every request that failed since the last call (all KV groups:
-        a partial load is never reported as good)."""
+        """Every block of every request that failed or expired since the last call (all KV
+        groups: a partial load is never reported as good). Reported when the request
+        fails, once; the blocks are free only when :meth:`get_released` names the request
+        (after its failure notices settled), or at once if :meth:`request_finished`
+        returns ``False``."""
         invalid, self._invalid_block_ids = self._invalid_block_ids, set()
         return invalid
 
     def request_finished(self, req_id: str) -> bool:
         """The request finished or was aborted on the engine. Returns ``True`` when its
-        blocks must not be freed yet (``delay_free_blocks``): a write may still land; the
-        id comes back from :meth:`get_released` when they are free."""
+        blocks must not be freed yet (``delay_free_blocks``): a write may still land (an
+        aborted or expired request with writes outstanding, or a failed one whose failure
+        notices are still settling); the id comes back from :meth:`get_released` when
+        they are free."""
         if req_id in self._fenced:
             self._delayed.add(req_id)
             return True
