@@ -122,6 +122,26 @@ fn late_landing_with_settling_is_clean() {
     }
 }
 
+/// What settling costs: blocks stay held after a `failed` decision for about `settle_ms`
+/// (nothing without settling), and the run stays clean with any settling.
+#[test]
+fn settling_holds_failed_blocks_for_settle_ms() {
+    let held = |settle_ms| {
+        let mut config = SimConfig::new(8, 3_000, fixed(2, 1, 1));
+        config.settle_ms = settle_ms;
+        let report = run(config).expect("a valid topology");
+        assert_clean(&report);
+        assert_eq!(report.settle_ms, settle_ms);
+        report.held_per_failed()
+    };
+    let (none, short, long) = (held(0), held(100), held(5_000));
+    assert_eq!(none, 0.0);
+    // At most four blocks (BLOCKS_PER_REQUEST) for a little over settle_ms (a later failure
+    // notice restarts it); less when a completion or a fence resolves the last edge.
+    assert!(short > 0.0 && short <= 4.0 * 200.0, "{short}");
+    assert!(long > 10.0 * short && long <= 4.0 * 5_200.0, "{long}");
+}
+
 /// Every fault class fires at 10⁵ requests, late landing included, with no violation, on
 /// each topology.
 #[test]

@@ -195,6 +195,7 @@ impl World {
             requests: config.requests,
             seed: config.seed,
             topology: cluster.describe(),
+            settle_ms: config.settle_ms,
             ..Report::default()
         };
         let producers = (0..cluster.ranks.len())
@@ -233,8 +234,8 @@ impl World {
             self.agenda.push(0, Event::Arrive);
         }
         self.drain();
-        // Let every deadline and quarantine run out.
-        let end = self.now + DEADLINE + QUARANTINE + 1;
+        // Let every deadline, quarantine and settling run out.
+        let end = self.now + DEADLINE + QUARANTINE + self.config.settle_ms + 1;
         self.advance(end);
         self.drain();
         self.final_checks();
@@ -383,6 +384,7 @@ impl World {
                 edges,
                 in_flight: 0,
                 outcome: None,
+                decided_at: 0,
                 released: false,
                 done: false,
             });
@@ -683,6 +685,7 @@ impl World {
                 Step::Failed => {
                     self.decisions.failed += 1;
                     wrong = set_outcome(part, Outcome::Failed);
+                    part.decided_at = self.now;
                 }
                 Step::Expired => {
                     self.decisions.expired += 1;
@@ -706,6 +709,11 @@ impl World {
                         ));
                     }
                     part.released = true;
+                    if part.outcome == Some(Outcome::Failed) {
+                        // The cost of settling: blocks held after the request failed.
+                        let held = self.now - part.decided_at;
+                        self.report.held_after_failed_block_ms += held * part.blocks.len() as u64;
+                    }
                     if !part.done {
                         self.consumers[d]
                             .pool
