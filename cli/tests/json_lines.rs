@@ -97,7 +97,10 @@ fn sim_prints_one_line_with_its_keys_in_order() {
             "seed",
             "topology",
             "steps",
-            "virtual_ms"
+            "virtual_ms",
+            "settle_ms",
+            "settle_hold_block_ms",
+            "settle_hold_per_failed_block_ms"
         ]
     );
     assert_eq!(line["requests"], Value::from(200));

@@ -51,6 +51,11 @@ pub struct SimArgs {
     /// error, which the consumers' settling must absorb.
     #[arg(long)]
     pub late_landing: bool,
+    /// The consumers' settling after a failure notice or a producer's death, in virtual
+    /// ms (default `timing::SETTLE`); the JSON line reports what it costs
+    /// (`settle_hold_block_ms`).
+    #[arg(long, value_name = "MS")]
+    pub settle_ms: Option<u64>,
     /// Swap in a deliberately broken consumer, to show the checks fail.
     #[arg(long, value_enum, value_name = "VARIANT")]
     pub broken: Option<BrokenArg>,
@@ -84,6 +89,9 @@ impl SimArgs {
         if self.late_landing {
             config = config.with_late_landing();
         }
+        if let Some(settle_ms) = self.settle_ms {
+            config.settle_ms = settle_ms;
+        }
         if let Some(broken) = self.broken {
             config = config.with_broken(match broken {
                 BrokenArg::ReleaseOnAbort => Broken::ReleaseOnAbort,
@@ -111,6 +119,9 @@ impl SimArgs {
         }
         if self.late_landing {
             line.push_str(" --late-landing");
+        }
+        if let Some(settle_ms) = self.settle_ms {
+            line.push_str(&format!(" --settle-ms {settle_ms}"));
         }
         match self.broken {
             Some(BrokenArg::ReleaseOnAbort) => line.push_str(" --broken release-on-abort"),
@@ -173,5 +184,8 @@ mod tests {
             .expect("valid")
             .config();
         assert_eq!((c.rates.late_landing, c.settle_ms), (1_000_000, 0));
+        let a = parse("--seed 1 --requests 1 --settle-ms 5000").expect("valid");
+        assert_eq!(a.config().settle_ms, 5000);
+        assert!(a.command_line().ends_with(" --settle-ms 5000"));
     }
 }

@@ -73,7 +73,8 @@ pub struct SimConfig {
     pub broken: Option<Broken>,
     /// Fault injection rates.
     pub rates: Rates,
-    /// The consumers' settling after a failure notice, in virtual ms.
+    /// The consumers' settling after a failure notice or a producer's death seen, in
+    /// virtual ms.
     pub settle_ms: u64,
 }
 

@@ -117,6 +117,12 @@ pub struct Report {
     pub seed: u64,
     /// The topology, as the command line gives it.
     pub topology: String,
+    /// The consumers' `settle_ms`.
+    pub settle_ms: Millis,
+    /// The cost of settling: block-milliseconds held between a `failed` decision and its
+    /// `released`, summed over requests and decode ranks (0 with `settle_ms = 0` unless a
+    /// fence decides: a fence resolves at once).
+    pub held_after_failed_block_ms: u64,
 }
 
 impl Report {
@@ -131,6 +137,16 @@ impl Report {
         }
     }
 
+    /// Mean block-milliseconds a `failed` request held on a decode rank after the
+    /// decision (0 without failures).
+    pub fn held_per_failed(&self) -> f64 {
+        if self.decisions.failed == 0 {
+            return 0.0;
+        }
+        let per = self.held_after_failed_block_ms as f64 / self.decisions.failed as f64;
+        (per * 10.0).round() / 10.0
+    }
+
     /// The one JSON line the command prints.
     pub fn to_json(&self) -> String {
         let line = Line {
@@ -142,6 +158,9 @@ impl Report {
             topology: &self.topology,
             steps: self.steps,
             virtual_ms: self.virtual_ms,
+            settle_ms: self.settle_ms,
+            settle_hold_block_ms: self.held_after_failed_block_ms,
+            settle_hold_per_failed_block_ms: self.held_per_failed(),
         };
         serde_json::to_string(&line).unwrap_or_default()
     }
@@ -158,6 +177,9 @@ struct Line<'a> {
     topology: &'a str,
     steps: u64,
     virtual_ms: Millis,
+    settle_ms: Millis,
+    settle_hold_block_ms: u64,
+    settle_hold_per_failed_block_ms: f64,
 }
 
 /// The fault counts as an object, in [`Faults::entries`] order.

@@ -39,6 +39,8 @@ pub struct RankPart {
     pub in_flight: u32,
     /// The tracker's outcome.
     pub outcome: Option<Outcome>,
+    /// When the outcome came (for the hold after a `failed`).
+    pub decided_at: Millis,
     /// The tracker released the blocks.
     pub released: bool,
     /// The blocks are back in the pool (released, or decode finished).

@@ -46,7 +46,8 @@ pub const QUARANTINE: Millis = 600;
 pub const ABORT_AFTER: (Millis, Millis) = (0, 60);
 /// When a producer abort comes, after the arrival.
 pub const PRODUCER_ABORT_AFTER: (Millis, Millis) = (0, 40);
-/// From a producer's death to the fence.
+/// From a producer's death to the transport seeing it gone (a fenced death); the
+/// consumers fence the dead agent [`SETTLE`] later, as the consumer driver does.
 pub const FENCE_AFTER: (Millis, Millis) = (1, 20);
 /// From an unfenced death to the replacement agent being known.
 pub const REDISCOVER_AFTER: Millis = 20;
@@ -66,3 +67,6 @@ pub const DECODE: (Millis, Millis) = (5, 50);
 const _: () = assert!(QUARANTINE > REG_LATENCY + LEASE + WRITE_MAX);
 const _: () = assert!(SETTLE > WRITE_MAX);
 const _: () = assert!(SETTLE > LATE_LANDING + NOTIFY_LATENCY + REORDER.1);
+// A dead producer's last bytes land at most LATE_LANDING after its death; its fence comes
+// at least FENCE_AFTER.0 + SETTLE after it.
+const _: () = assert!(FENCE_AFTER.0 + SETTLE > LATE_LANDING);
