@@ -12,11 +12,29 @@ use crate::sync::{AtomicU32, Ordering, fence};
 use crate::ticket::AgentId;
 
 /// Edge word: `AGENT(16) | GENERATION(14) | FAILED | RESOLVED`.
-const RESOLVED: u32 = 1;
-const EDGE_FAILED: u32 = 1 << 1;
 const EDGE_GEN_SHIFT: u32 = 2;
 const EDGE_GEN_MASK: u32 = 0x3FFF;
 const AGENT_SHIFT: u32 = 16;
+
+bitflags::bitflags! {
+    /// The flag bits of an edge word (its two low bits).
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    struct EdgeFlags: u32 {
+        /// A notice or a fence resolved the edge.
+        const RESOLVED = 1;
+        /// It was resolved as failed.
+        const FAILED = 1 << 1;
+    }
+}
+
+// The flags sit below the generation tag.
+const _: () = assert!(EdgeFlags::all().bits() < 1 << EDGE_GEN_SHIFT);
+
+impl EdgeFlags {
+    fn of(word: u32) -> Self {
+        EdgeFlags::from_bits_truncate(word)
+    }
+}
 
 fn edge_tag(generation: u32) -> u32 {
     (generation & EDGE_GEN_MASK) << EDGE_GEN_SHIFT
@@ -106,10 +124,12 @@ impl<const E: usize> SharedSlot<E> {
                 if current & (EDGE_GEN_MASK << EDGE_GEN_SHIFT) != tag {
                     return EdgeClaim::Recycled;
                 }
-                if current & RESOLVED != 0 {
+                if EdgeFlags::of(current).contains(EdgeFlags::RESOLVED) {
                     return EdgeClaim::Duplicate;
                 }
-                let next = current | RESOLVED | if failed { EDGE_FAILED } else { 0 };
+                let mut set = EdgeFlags::RESOLVED;
+                set.set(EdgeFlags::FAILED, failed);
+                let next = current | set.bits();
                 match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
                 {
                     Ok(_) => return EdgeClaim::Claimed,
@@ -126,7 +146,9 @@ impl<const E: usize> SharedSlot<E> {
         let mut mask = 0u64;
         for (i, word) in self.edges.iter().take(named as usize).enumerate() {
             let w = word.load(Ordering::Acquire);
-            if w & (EDGE_GEN_MASK << EDGE_GEN_SHIFT) == tag && w & RESOLVED == 0 {
+            if w & (EDGE_GEN_MASK << EDGE_GEN_SHIFT) == tag
+                && !EdgeFlags::of(w).contains(EdgeFlags::RESOLVED)
+            {
                 mask |= 1 << i;
             }
         }

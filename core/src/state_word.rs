@@ -30,11 +30,26 @@
 use crate::sync::{AtomicU32, Ordering};
 
 const OUTSTANDING_MASK: u32 = 0x7F;
-const FAILED: u32 = 1 << 7;
 const PHASE_SHIFT: u32 = 8;
 const PHASE_MASK: u32 = 0b11 << PHASE_SHIFT;
-const SETTLE: u32 = 1 << 10;
 const GENERATION_SHIFT: u32 = 11;
+
+bitflags::bitflags! {
+    /// The sticky flag bits of the state word, at their places in the packed word (`F`
+    /// and `S` in the diagram above); the other fields are numbers, not flags.
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    pub(crate) struct Flags: u32 {
+        /// `F`: an edge resolved as failed.
+        const FAILED = 1 << 7;
+        /// `S`: a failure notice resolved an edge; the blocks settle before release.
+        const SETTLE = 1 << 10;
+    }
+}
+
+// The flags sit between the fields and overlap none of them.
+const _: () = assert!(
+    Flags::all().bits() & (OUTSTANDING_MASK | PHASE_MASK | (u32::MAX << GENERATION_SHIFT)) == 0
+);
 
 /// Where a slot's request is in its life.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -62,14 +77,19 @@ impl Snapshot {
     pub(crate) fn outstanding(self) -> u32 {
         self.0 & OUTSTANDING_MASK
     }
+    /// The flag bits set in this value.
+    #[inline]
+    pub(crate) fn flags(self) -> Flags {
+        Flags::from_bits_truncate(self.0)
+    }
     #[inline]
     pub(crate) fn failed(self) -> bool {
-        self.0 & FAILED != 0
+        self.flags().contains(Flags::FAILED)
     }
     /// A failure notice resolved one of the edges: the blocks settle before release.
     #[inline]
     pub(crate) fn settles(self) -> bool {
-        self.0 & SETTLE != 0
+        self.flags().contains(Flags::SETTLE)
     }
     #[inline]
     pub(crate) fn phase(self) -> Phase {
@@ -104,6 +124,18 @@ pub(crate) enum Resolution {
     FailureNotice,
     /// A fence: failed, and the transport knows nothing more can land.
     Fenced,
+}
+
+impl Resolution {
+    /// The flags an edge resolved this way sets (sticky: no resolution clears one).
+    #[inline]
+    fn flags(self) -> Flags {
+        match self {
+            Resolution::Landed => Flags::empty(),
+            Resolution::FailureNotice => Flags::FAILED.union(Flags::SETTLE),
+            Resolution::Fenced => Flags::FAILED,
+        }
+    }
 }
 
 /// Outcome of resolving one edge.
@@ -185,11 +217,7 @@ impl StateWord {
     /// Resolves one edge of generation `generation` as `how` says.
     #[inline]
     pub(crate) fn resolve_edge(&self, generation: u32, how: Resolution) -> Resolved {
-        let flag = match how {
-            Resolution::Landed => 0,
-            Resolution::FailureNotice => FAILED | SETTLE,
-            Resolution::Fenced => FAILED,
-        };
+        let flags = how.flags();
         let outcome = self.transition(|s| {
             if !s.is_live(generation) {
                 return Err(Resolved::Recycled);
@@ -197,7 +225,7 @@ impl StateWord {
             if s.outstanding() == 0 {
                 return Err(Resolved::AlreadyDrained);
             }
-            Ok(Snapshot((s.0 - 1) | flag))
+            Ok(Snapshot((s.0 - 1) | flags.bits()))
         });
         match outcome {
             Ok(s) if s.outstanding() == 0 => Resolved::LastEdge,
@@ -273,8 +301,27 @@ mod tests {
     fn fields_round_trip() {
         let s = Snapshot::new(GEN_MASK, Phase::Expired, 64);
         assert_eq!(
-            (s.generation(), s.phase(), s.outstanding(), s.failed()),
-            (GEN_MASK, Phase::Expired, 64, false)
+            (s.generation(), s.phase(), s.outstanding(), s.flags()),
+            (GEN_MASK, Phase::Expired, 64, Flags::empty())
+        );
+    }
+
+    #[test]
+    fn flags_sit_at_their_places_in_the_word() {
+        // The packed layout of the diagram: F is bit 7, S is bit 10.
+        assert_eq!(Flags::FAILED.bits(), 0x080);
+        assert_eq!(Flags::SETTLE.bits(), 0x400);
+        let w = StateWord::new();
+        w.publish(3, 2);
+        assert_eq!(
+            w.resolve_edge(3, Resolution::FailureNotice),
+            Resolved::Counted
+        );
+        let s = w.load(Ordering::Relaxed);
+        assert_eq!(s.flags(), Flags::FAILED | Flags::SETTLE);
+        assert_eq!(
+            (s.generation(), s.phase(), s.outstanding()),
+            (3, Phase::Counting, 1)
         );
     }
 

@@ -26,6 +26,7 @@
 //! [`ConsumerDriver::poll_event`] until `None`.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 use kvdrain::producer::{Topology, TopologyError};
 use kvdrain::{
@@ -33,6 +34,7 @@ use kvdrain::{
     Noticed, Outstanding, Pending, Quarantined, RegisterErrorKind, Registration, RequestKey,
 };
 
+use crate::PerRequest;
 use crate::directory::{AgentDirectory, DirectoryFull};
 use crate::registration::PushRegistration;
 use crate::transport::{DrainError, GonePeer, Notification, Peer, SendError, Transport};
@@ -87,25 +89,24 @@ pub struct PushedRequest {
     /// P's request id (named in heartbeats).
     pub remote_request_id: String,
     /// The producer agents this rank waits for, in edge order.
-    pub producers: Vec<String>,
+    pub producers: PerRequest<String>,
     /// When it was registered (the driver's clock, ms).
     pub registered_at_ms: u64,
 }
 
 impl PushedRequest {
-    /// The producers still owing a write in `outstanding` (named-edge mode; empty when
+    /// The producers still owing a write in `outstanding` (named-edge mode; none when
     /// counting).
-    pub fn owing(&self, outstanding: Outstanding) -> Vec<&str> {
-        match outstanding {
-            Outstanding::Edges(bits) => self
-                .producers
-                .iter()
-                .enumerate()
-                .filter(|&(i, _)| i < 64 && bits & (1 << i) != 0)
-                .map(|(_, p)| p.as_str())
-                .collect(),
-            Outstanding::Count(_) => Vec::new(),
-        }
+    pub fn owing(&self, outstanding: Outstanding) -> impl Iterator<Item = &str> + '_ {
+        let bits = match outstanding {
+            Outstanding::Edges(bits) => bits,
+            Outstanding::Count(_) => 0,
+        };
+        self.producers
+            .iter()
+            .enumerate()
+            .filter(move |&(i, _)| i < 64 && bits & (1 << i) != 0)
+            .map(|(_, p)| p.as_str())
     }
 }
 
@@ -248,7 +249,9 @@ struct InFlight {
 #[derive(Debug)]
 struct EngineState {
     config: ConsumerConfig,
-    engines: HashMap<String, ProducerEngine>,
+    /// Shared with each registration that sends to the engine's agents (no copy of the
+    /// names per request).
+    engines: HashMap<String, Arc<ProducerEngine>>,
     inflight: HashMap<RequestKey, InFlight>,
     by_id: HashMap<String, RequestKey>,
     disconnected: HashSet<String>,
@@ -386,7 +389,12 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
             self.state.disconnected.remove(name);
         }
         let id = engine.engine_id.clone();
-        Ok(self.state.engines.entry(id).insert_entry(engine).into_mut())
+        Ok(self
+            .state
+            .engines
+            .entry(id)
+            .insert_entry(Arc::new(engine))
+            .into_mut())
     }
 
     /// The directory of producer agents.
@@ -536,7 +544,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
             source,
         };
         topology.validate().map_err(topology_error)?;
-        let producers: Vec<String> = topology
+        let producers: PerRequest<String> = topology
             .producers_of(st.config.tp_rank)
             .filter_map(|(stage, tp)| {
                 let i = usize::from(stage) * usize::from(engine.tp_size) + usize::from(tp);
@@ -546,7 +554,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         if producers.is_empty() {
             return Err(topology_error(TopologyError::RankOutOfRange));
         }
-        let ids: Vec<AgentId> = producers
+        let ids: PerRequest<AgentId> = producers
             .iter()
             .map(|p| self.directory.id_or_stranger(p))
             .collect();
@@ -589,7 +597,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
             transfer_id: request.transfer_id.map(str::to_owned),
         }
         .to_notification();
-        let agents = engine.agents.clone();
+        let engine = Arc::clone(engine);
         st.by_id.insert(request.id.to_owned(), key);
         st.inflight.insert(
             key,
@@ -607,8 +615,8 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
             },
         );
         let mut unreached = Vec::new();
-        for agent in agents {
-            if self.send(transport, &agent, &registration) {
+        for agent in &engine.agents {
+            if self.send(transport, agent, &registration) {
                 self.state.counters.registrations_sent += 1;
             } else {
                 tracing::warn!(
@@ -618,7 +626,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
                     "PUSH_REG could not be sent"
                 );
                 self.state.counters.registrations_failed += 1;
-                unreached.push(agent);
+                unreached.push(agent.clone());
             }
         }
         tracing::debug!(unreached = unreached.len(), "registered, PUSH_REG sent");
@@ -862,7 +870,7 @@ impl EngineState {
             id: String::new(),
             producer_engine: String::new(),
             remote_request_id: String::new(),
-            producers: Vec::new(),
+            producers: PerRequest::new(),
             registered_at_ms: self.now,
         }
     }

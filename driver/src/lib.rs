@@ -55,7 +55,9 @@
 //! registrations, retired ids, and the consumer's in-flight requests (the ledger's `N`); a
 //! full table refuses and hands the item back, and nothing is evicted but retired ids
 //! (oldest first). What is allocated per request is the engine's own data, copied in: ids
-//! and block-id lists; per-peer maps grow with the number of peers.
+//! and block-id lists; per-peer maps grow with the number of peers. The short lists a
+//! request carries — its producers and their `AgentId`s, its WRITEs in flight, the
+//! `PUSH_FAIL`s it owes — are [`PerRequest`] lists, inline up to eight entries.
 //!
 //! | module | concept |
 //! | --- | --- |
@@ -76,3 +78,11 @@ pub mod registration;
 pub mod transport;
 
 pub use transport::Transport;
+
+/// A list with one entry per producer, edge or consumer rank of one request: inline up to
+/// [`PER_REQUEST_INLINE`] entries (vLLM's TP × PP fan-in and fan-out stay within that in
+/// practice), on the heap beyond.
+pub type PerRequest<T> = smallvec::SmallVec<[T; PER_REQUEST_INLINE]>;
+
+/// How many entries a [`PerRequest`] list holds without a heap allocation.
+pub const PER_REQUEST_INLINE: usize = 8;

@@ -35,6 +35,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use kvdrain::producer::{EdgeState, PlanError, PushPlan, Topology};
 use kvdrain::wire::{self, Body, Message};
 
+use crate::PerRequest;
 use crate::pairing::{PairingKeys, PairingTable, TableFull};
 use crate::registration::PushRegistration;
 use crate::transport::{
@@ -199,7 +200,8 @@ struct Push<W> {
     source: Option<Vec<Vec<u64>>>,
     plan: PushPlan,
     started: bool,
-    writes: Vec<(u16, W)>,
+    /// The WRITEs posted and not yet terminal, by consumer rank.
+    writes: PerRequest<(u16, W)>,
     lease_until: u64,
     released: bool,
 }
@@ -591,7 +593,7 @@ impl<W> ProducerDriver<W> {
                 source,
                 plan,
                 started: false,
-                writes: Vec::new(),
+                writes: PerRequest::new(),
                 lease_until,
             },
         );
@@ -620,8 +622,9 @@ impl<W> ProducerDriver<W> {
         tracing::debug!("posting");
         let topology = self.topology(&push.registration);
         let body = completion(&push.registration.request_id, self.config.tp_size, false);
-        let edges = push.plan.edges().to_vec();
-        for edge in edges {
+        // By index: the plan's edges are fixed once planned, and posting changes their states.
+        for i in 0..push.plan.edges().len() {
+            let edge = push.plan.edges()[i];
             let d = edge.d_rank;
             if push.plan.may_post(d).is_err() {
                 continue;
@@ -779,7 +782,7 @@ impl<W> ProducerDriver<W> {
         transport: &mut T,
         report: &mut TickReport,
     ) {
-        let owed: Vec<u16> = push.plan.owed_notices().collect();
+        let owed: PerRequest<u16> = push.plan.owed_notices().collect();
         if owed.is_empty() {
             return;
         }

@@ -40,14 +40,30 @@ pub(crate) type CoreIngest = Ingest<'static, N, E>;
 /// cbindgen:ignore
 pub(crate) type CoreEngine = Engine<'static, N, E>;
 
-/// A handle's state word: 0 while usable, else the bits below.
-const LIVE: u32 = 0;
-/// The handle itself was freed.
-const FREED: u32 = 1;
-/// A call through it panicked.
-const POISONED: u32 = 2;
-/// (Halves) the ledger handle was freed.
-const LEDGER_FREED: u32 = 4;
+bitflags::bitflags! {
+    /// A handle's state word (`state: AtomicU32`): empty while usable, else why not.
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    struct HandleState: u32 {
+        /// The handle itself was freed.
+        const FREED = 1;
+        /// A call through it panicked.
+        const POISONED = 1 << 1;
+        /// (Halves) the ledger handle was freed.
+        const LEDGER_FREED = 1 << 2;
+    }
+}
+
+impl HandleState {
+    /// The state in `word` now.
+    fn load(word: &AtomicU32) -> Self {
+        HandleState::from_bits_retain(word.load(Ordering::Acquire))
+    }
+
+    /// Sets `self` in `word`; returns the state before.
+    fn raise(self, word: &AtomicU32) -> Self {
+        HandleState::from_bits_retain(word.fetch_or(self.bits(), Ordering::AcqRel))
+    }
+}
 
 /// The owner of a ledger: create with `kvdrain_ledger_new`, split once with
 /// `kvdrain_ledger_split`, free with `kvdrain_ledger_free`. Any thread, one call at a time.
@@ -119,17 +135,17 @@ impl Group {
         let raw = Box::into_raw(Box::new(Group {
             refs: AtomicUsize::new(1),
             ledger: kvdrain_ledger {
-                state: AtomicU32::new(LIVE),
+                state: AtomicU32::new(HandleState::empty().bits()),
                 split: AtomicBool::new(false),
                 group: core::ptr::null(),
             },
             ingest: kvdrain_ingest {
-                state: AtomicU32::new(LIVE),
+                state: AtomicU32::new(HandleState::empty().bits()),
                 group: core::ptr::null(),
                 half: UnsafeCell::new(None),
             },
             engine: kvdrain_engine {
-                state: AtomicU32::new(LIVE),
+                state: AtomicU32::new(HandleState::empty().bits()),
                 group: core::ptr::null(),
                 side: UnsafeCell::new(None),
             },
@@ -203,10 +219,13 @@ impl Handle for kvdrain_engine {
 }
 
 fn check_state(state: &AtomicU32) -> Result<(), kvdrain_status> {
-    match state.load(Ordering::Acquire) {
-        LIVE => Ok(()),
-        s if s & (FREED | LEDGER_FREED) != 0 => Err(KVDRAIN_ERR_FREED),
-        _ => Err(KVDRAIN_ERR_PANIC),
+    let s = HandleState::load(state);
+    if s.is_empty() {
+        Ok(())
+    } else if s.intersects(HandleState::FREED | HandleState::LEDGER_FREED) {
+        Err(KVDRAIN_ERR_FREED)
+    } else {
+        Err(KVDRAIN_ERR_PANIC)
     }
 }
 
@@ -238,7 +257,7 @@ pub(crate) unsafe fn with_half<H: Handle>(
     match catch_unwind(AssertUnwindSafe(|| f(inner))) {
         Ok(status) => status,
         Err(_) => {
-            handle.state().fetch_or(POISONED, Ordering::AcqRel);
+            HandleState::POISONED.raise(handle.state());
             KVDRAIN_ERR_PANIC
         }
     }
@@ -255,7 +274,10 @@ pub(crate) unsafe fn free_half<H: Handle>(ptr: *const H) {
         let Some(handle) = (unsafe { ptr.as_ref() }) else {
             return;
         };
-        if handle.state().fetch_or(FREED, Ordering::AcqRel) & FREED != 0 {
+        if HandleState::FREED
+            .raise(handle.state())
+            .contains(HandleState::FREED)
+        {
             return;
         }
         // SAFETY: no call through this handle runs now (contract); drop what it holds.
@@ -300,20 +322,17 @@ pub(crate) unsafe fn free_ledger(ledger: *const kvdrain_ledger) {
         let Some(handle) = (unsafe { ledger.as_ref() }) else {
             return;
         };
-        if handle.state.fetch_or(FREED, Ordering::AcqRel) & FREED != 0 {
+        if HandleState::FREED
+            .raise(&handle.state)
+            .contains(HandleState::FREED)
+        {
             return;
         }
         let group = handle.group;
         // SAFETY: the group is live while this handle is: its halves now refuse calls.
         unsafe {
-            (*group)
-                .ingest
-                .state
-                .fetch_or(LEDGER_FREED, Ordering::AcqRel);
-            (*group)
-                .engine
-                .state
-                .fetch_or(LEDGER_FREED, Ordering::AcqRel);
+            HandleState::LEDGER_FREED.raise(&(*group).ingest.state);
+            HandleState::LEDGER_FREED.raise(&(*group).engine.state);
         }
         // SAFETY: the ledger handle held one reference and is not used after this.
         unsafe { Group::release(group) };
