@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod demo;
+pub mod experiment;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;

@@ -18,6 +18,8 @@ commands:
                     simulate P->D clusters under every fault class; one JSON line
   demo [options]    push KV from P (TP=2) to D (TP=1) over real NIXL, with a summary (demo --help)
   bench WHAT ...    measure ingest, sweep, tick and memory next to the floor and vLLM (bench --help)
+  experiment late-writes [options]
+                    P and D processes over real NIXL: do failed writes land after release?
 ";
 
 fn main() -> ExitCode {
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
         "sim" => kvdrain_cli::sim::main(rest),
         "demo" => kvdrain_cli::demo::main(rest),
         "bench" => kvdrain_cli::bench::main(rest),
+        "experiment" => kvdrain_cli::experiment::main(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             ExitCode::SUCCESS

@@ -20,11 +20,13 @@
 //! | [`pool`] | DRAM KV block pools (tests, demo) |
 //! | [`metrics`] | counters and latency, vLLM-style names |
 //! | [`testbed`] | P(TP=n) → D(TP=1) on real NIXL in one process (tests, demo) |
+//! | [`experiment`] | late writes after a failed WRITE, P and D as two processes (issue 9) |
 
 pub mod agent;
 pub mod consumer;
 pub mod descriptors;
 pub mod directory;
+pub mod experiment;
 pub mod handshake;
 pub mod loader;
 pub mod metrics;
