@@ -5,7 +5,9 @@
 //!
 //! - negative control: the pre-fix producer (`old`) without settling lets D release while the
 //!   errored write still lands: violations;
-//! - the F7 producer (`new`) with `settle_ms = 5000`: no violations.
+//! - the F7 producer (`new`) with `settle_ms = 5000`: no violations. (`settle_ms` reaches the
+//!   core once `Config` has it; the F7 producer sends no notice that settling would have to
+//!   cover in these faults, so this passes without it.)
 
 mod common;
 
@@ -63,10 +65,11 @@ fn plan(
         transports: transports.to_vec(),
         policy,
         settle_ms,
-        deadline_ms: 1500,
-        quarantine_ms: 2000,
+        // Above the write's duration on a loaded two-core host (about 2 s for 256 MiB).
+        deadline_ms: 3000,
+        quarantine_ms: 3000,
         observe_ms: 1000,
-        // Early in the write: on TCP 256 MiB take far longer than this.
+        // Early in the write: on TCP even a fast host needs longer for 256 MiB.
         fault_delay_us: (1000, 5000),
         seed: 7,
         prefix: prefix(test),
@@ -75,11 +78,11 @@ fn plan(
 
 /// The negative control: P invalidates D's metadata mid-write over TCP, sees `NotFound` and
 /// (pre-fix) sends `PUSH_FAIL`; D without settling releases at once and the write keeps
-/// landing over the reused blocks.
+/// landing on the released blocks.
 #[test]
-fn old_producer_without_settling_lets_late_writes_hit_reused_blocks() {
+fn old_producer_without_settling_lets_late_writes_hit_released_blocks() {
     let _s = serial();
-    let test = "old_producer_without_settling_lets_late_writes_hit_reused_blocks";
+    let test = "old_producer_without_settling_lets_late_writes_hit_released_blocks";
     let Some((records, summary)) = series(
         test,
         plan(
@@ -94,61 +97,33 @@ fn old_producer_without_settling_lets_late_writes_hit_reused_blocks() {
         return;
     };
     for r in &records {
-        assert_eq!(r.producer.get("end"), Some("not_found"), "{}", r.to_json());
-        assert_eq!(
-            r.producer.get("push_fail_sent"),
-            Some("true"),
-            "{}",
-            r.to_json()
+        let json = r.to_json();
+        assert_eq!(r.producer.get("end"), Some("not_found"), "{json}");
+        assert_eq!(r.producer.get("push_fail_sent"), Some("true"), "{json}");
+        assert_eq!(r.consumer.get("event"), Some("notice"), "{json}");
+        assert_eq!(r.consumer.get("outcome"), Some("failed"), "{json}");
+        assert!(
+            r.late_pages() > 0,
+            "nothing landed after the notice: {json}"
         );
-        assert_eq!(r.consumer.get("outcome"), Some("failed"), "{}", r.to_json());
-        assert!(r.violations() > 0, "no violation: {}", r.to_json());
+        assert!(r.violations() > 0, "no violation: {json}");
     }
     assert!(summary.violations > 0);
 }
 
-/// The F7 producer sends no `PUSH_FAIL` after the `NotFound` it caused: D waits for its
-/// deadline, quarantines, and nothing lands on reused blocks.
+/// Every fault, over TCP and shared memory, with the F7 producer and `settle_ms = 5000`:
+/// nothing lands on released blocks, and P's own invalidation (fault a) earns no
+/// `PUSH_FAIL` (D's deadline ends the request instead).
 #[test]
-fn new_producer_reports_nothing_after_its_own_invalidation() {
+fn new_producer_with_settling_has_no_violations_under_any_fault() {
     let _s = serial();
-    let test = "new_producer_reports_nothing_after_its_own_invalidation";
+    let test = "new_producer_with_settling_has_no_violations_under_any_fault";
     let Some((records, summary)) = series(
         test,
         plan(
             test,
-            2,
-            &[Fault::Invalidate],
-            &[Transport::Tcp],
-            Policy::New,
-            5000,
-        ),
-    ) else {
-        return;
-    };
-    for r in &records {
-        assert_eq!(
-            r.producer.get("push_fail"),
-            Some("false"),
-            "{}",
-            r.to_json()
-        );
-        assert_ne!(r.consumer.get("event"), Some("notice"), "{}", r.to_json());
-    }
-    assert_eq!(summary.violations, 0, "{}", summary.table());
-}
-
-/// Every fault, TCP and shared memory, the F7 producer and settling on: no violations.
-#[test]
-#[ignore = "needs core settling (merge)"]
-fn new_producer_with_settling_has_no_violations_under_any_fault() {
-    let _s = serial();
-    let test = "new_producer_with_settling_has_no_violations_under_any_fault";
-    let Some((_, summary)) = series(
-        test,
-        plan(
-            test,
-            14,
+            // Round-robin over the 7 fault × transport pairs: TCP a, b, c twice, the rest once.
+            10,
             &Fault::ALL,
             &[Transport::Tcp, Transport::Shm],
             Policy::New,
@@ -159,6 +134,11 @@ fn new_producer_with_settling_has_no_violations_under_any_fault() {
     };
     assert_eq!(summary.cells.len(), 7, "{}", summary.table());
     assert_eq!(summary.violations, 0, "{}", summary.table());
+    for r in records.iter().filter(|r| r.spec.fault == Fault::Invalidate) {
+        let json = r.to_json();
+        assert_eq!(r.producer.get("push_fail"), Some("false"), "{json}");
+        assert_ne!(r.consumer.get("event"), Some("notice"), "{json}");
+    }
 }
 
 #[test]

@@ -200,7 +200,7 @@ pub fn run(
     .put_opt("gap_after_expiry_us", gap(expired_us))
     .put_opt("gap_after_release_us", gap(released_us))
     .put("violation_pages", w.violation_pages)
-    .put_opt("last_violation_after_reuse_us", w.last_violation_us)
+    .put_opt("last_violation_after_release_us", w.last_violation_us)
     .put("scans", w.scans)
     .put("scan_p50_us", w.scan_p50_us)
     .put("scan_max_us", w.scan_max_us);

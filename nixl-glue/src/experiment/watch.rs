@@ -2,8 +2,8 @@
 //! millisecond and notes every stamp that changes, when, and against which milestone.
 //!
 //! ```text
-//!   landing ──(failure notice / fence / expiry: mark_event)──▶ late ──(Released + reuse
-//!   stamps written: mark_reused)──▶ any producer stamp now is a violation
+//!   landing ──(failure notice / fence / expiry: mark_event)──▶ late ──(Released: reuse,
+//!   which writes the reuse stamps)──▶ any producer stamp landing now is a violation
 //! ```
 //!
 //! Times are µs on the consumer's clock. A change is seen by the first scan that reads the
@@ -41,9 +41,11 @@ pub struct WatchReport {
     /// consumer's clock: the start of the scan before the one that saw it, and the end of
     /// the one that saw it (`None`: nothing landed while watched).
     pub last_landing_us: Option<(u64, u64)>,
-    /// Pages holding a producer stamp after D wrote its reuse stamps.
+    /// Pages a producer stamp landed on after D's ledger said `Released`: seen changing to
+    /// it in a scan that began after the release, or holding it after D wrote its reuse
+    /// stamps.
     pub violation_pages: u64,
-    /// Last violation seen, µs after the reuse stamps were written.
+    /// Last violation seen, µs after the release.
     pub last_violation_us: Option<u64>,
 }
 
@@ -64,6 +66,7 @@ struct Shared {
     generation: u16,
     epoch: Instant,
     event_us: AtomicU64,
+    released_us: AtomicU64,
     reused_us: AtomicU64,
     stop: AtomicBool,
 }
@@ -103,6 +106,7 @@ impl Watch {
             generation,
             epoch,
             event_us: AtomicU64::new(NONE),
+            released_us: AtomicU64::new(NONE),
             reused_us: AtomicU64::new(NONE),
             stop: AtomicBool::new(false),
         });
@@ -125,10 +129,12 @@ impl Watch {
                 .compare_exchange(NONE, at_us, Ordering::AcqRel, Ordering::Acquire);
     }
 
-    /// D released the blocks: writes the reuse stamp into every watched page, then arms the
-    /// violation check. Returns when the stamps are written (µs on the consumer's clock).
+    /// D released the blocks: from now on a landing is a violation; writes the reuse stamp
+    /// into every watched page, then also checks that every page keeps it. Returns when the
+    /// stamps are written (µs on the consumer's clock).
     pub fn reuse(&self) -> u64 {
         let s = &self.shared;
+        s.released_us.store(s.now_us(), Ordering::Release);
         for i in 0..s.count {
             s.pages
                 .stamp(s.first_page + i, Stamp::Reused { page: i as u32 });
@@ -174,6 +180,7 @@ fn scan(s: &Shared) -> WatchReport {
     while !s.stop.load(Ordering::Acquire) {
         let start = s.now_us();
         let event = s.event_us.load(Ordering::Acquire);
+        let released = s.released_us.load(Ordering::Acquire);
         let reused = s.reused_us.load(Ordering::Acquire);
         if event != NONE && !event_seen {
             event_seen = true;
@@ -207,6 +214,10 @@ fn scan(s: &Shared) -> WatchReport {
             if landed && event != NONE && start >= event {
                 late_here += 1;
             }
+            if landed && released != NONE && start >= released && !violated[i] {
+                violated[i] = true;
+                violations_here += 1;
+            }
         }
         let end = s.now_us();
         durations.push(end - start);
@@ -218,7 +229,7 @@ fn scan(s: &Shared) -> WatchReport {
         previous_start = start;
         if violations_here > 0 {
             r.violation_pages += violations_here;
-            r.last_violation_us = Some(end - reused);
+            r.last_violation_us = Some(end - released);
         }
         let next = Duration::from_micros(start) + SCAN_PERIOD;
         let left = next.saturating_sub(Duration::from_micros(s.now_us()));
