@@ -7,9 +7,10 @@
 //! ```
 //!
 //! Times are µs on the consumer's clock. A change is seen by the first scan that reads the
-//! page after it happened: a *late* page is one whose change a scan that began after the
-//! event saw; the last landing's time is the end of the scan that saw it (an upper bound, so
-//! gaps err long by at most one scan).
+//! page after it happened, so it happened after the previous scan began: a page is *late*
+//! (or a *violation*) only when that previous scan began after the event (or the release),
+//! which never blames a landing that may precede its milestone. The last landing's time is
+//! the end of the scan that saw it (an upper bound: gaps err long by at most one scan).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -211,10 +212,12 @@ fn scan(s: &Shared) -> WatchReport {
                 landed_now += 1;
             }
             landed_here |= landed;
-            if landed && event != NONE && start >= event {
+            // Unambiguous only when the previous read of the page (in the previous scan)
+            // already came after the milestone: then so did the change.
+            if landed && event != NONE && previous_start >= event {
                 late_here += 1;
             }
-            if landed && released != NONE && start >= released && !violated[i] {
+            if landed && released != NONE && previous_start >= released && !violated[i] {
                 violated[i] = true;
                 violations_here += 1;
             }
