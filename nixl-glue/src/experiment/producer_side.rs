@@ -137,14 +137,6 @@ pub fn run(
     // After the fault: poll to a terminal status, report once, keep running until EXIT.
     let mut reported = false;
     loop {
-        match input.try_recv() {
-            Ok(line) if line.contains("EXIT") => break,
-            Err(TryRecvError::Disconnected) => break,
-            _ => {}
-        }
-        if epoch.elapsed() > Duration::from_millis(spec.limit_ms()) {
-            return Err("P: never told to exit".into());
-        }
         poll(nixl, req.as_ref(), &mut end);
         if let (Some((how, at)), false) = (end, reported) {
             reported = true;
@@ -161,6 +153,14 @@ pub fn run(
                     out.put("push_fail_error", e.replace(' ', "_"));
                 }
             }
+        }
+        match input.try_recv() {
+            Ok(line) if line.contains("EXIT") => break,
+            Err(TryRecvError::Disconnected) => break,
+            _ => {}
+        }
+        if epoch.elapsed() > Duration::from_millis(spec.limit_ms()) {
+            return Err("P: never told to exit".into());
         }
         // Heartbeats from D pile up otherwise.
         let _ = agent.drain_notifications();
