@@ -190,13 +190,19 @@ fn scan(s: &Shared) -> WatchReport {
         let mut late_here = 0;
         let mut landed_here = false;
         let mut violations_here = 0;
+        let reuse_armed = reused != NONE && start >= reused;
         for (i, prev) in last.iter_mut().enumerate() {
             let now = s.pages.read(s.first_page + i);
-            let producer = Stamp::decode(now.1).is_producer(s.generation)
-                || Stamp::decode(now.0).is_producer(s.generation);
-            if reused != NONE && start >= reused && producer && !violated[i] {
-                violated[i] = true;
-                violations_here += 1;
+            // Once the reuse stamps are in place, a page not holding its reuse stamp but a
+            // producer stamp was written after D overwrote it, changed or not since the
+            // previous scan.
+            if reuse_armed && !violated[i] {
+                let reuse = Stamp::Reused { page: i as u32 }.encode();
+                let producer = |w: u64| Stamp::decode(w).is_producer(s.generation);
+                if (now.0 != reuse || now.1 != reuse) && (producer(now.0) || producer(now.1)) {
+                    violated[i] = true;
+                    violations_here += 1;
+                }
             }
             if now == *prev {
                 continue;
