@@ -1,6 +1,6 @@
 //! What P reports after a posted WRITE ended without `Success`: the pre-fix glue (`old`,
 //! the negative control) and the F7 rule (`new`) as the producer driver states it: the
-//! status goes through the glue's [`write_status`](crate::transport::write_status) and moves
+//! status goes through the glue's [`write_status`] and moves
 //! the edge of a [`PushPlan`], which says whether a `PUSH_FAIL` is owed.
 //!
 //! | how the write ended for P | `old` | `new` (the edge in `PushPlan`) |
