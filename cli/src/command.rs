@@ -11,6 +11,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::bench::BenchCommand;
 use crate::demo::DemoArgs;
+use crate::experiment::ExperimentCommand;
 use crate::replay::ReplayArgs;
 use crate::sim::SimArgs;
 
@@ -45,6 +46,12 @@ pub enum Command {
         #[command(subcommand)]
         what: BenchCommand,
     },
+    /// Run P and D over real NIXL under faults and measure what the tracker promises.
+    Experiment {
+        /// Which experiment.
+        #[command(subcommand)]
+        what: ExperimentCommand,
+    },
 }
 
 /// Parses `args` (the program name first) and runs the command.
@@ -67,6 +74,7 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
         Command::Sim(a) => crate::sim::main(&a),
         Command::Demo(a) => crate::demo::main(&a),
         Command::Bench { what } => crate::bench::main(what),
+        Command::Experiment { what } => crate::experiment::main(&what),
     }
 }
 
@@ -83,7 +91,7 @@ pub fn help(path: &[&str]) -> Option<String> {
 }
 
 /// Every command path with its own usage line, in `--help` order.
-pub const PATHS: [&[&str]; 10] = [
+pub const PATHS: [&[&str]; 11] = [
     &["replay"],
     &["sim"],
     &["demo"],
@@ -94,6 +102,7 @@ pub const PATHS: [&[&str]; 10] = [
     &["bench", "tick"],
     &["bench", "memory"],
     &["bench", "stream"],
+    &["experiment", "late-writes"],
 ];
 
 /// The usage text the README carries: `kvdrain --help`, then the usage line of every

@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod command;
 pub mod demo;
+pub mod experiment;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;

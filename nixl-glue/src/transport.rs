@@ -176,13 +176,7 @@ impl<H: Handshake> Transport for NixlProducerTransport<'_, H> {
     }
 
     fn poll_write(&mut self, write: &mut XferRequest) -> WriteStatus {
-        match self.agent.agent().get_xfer_status(write) {
-            Ok(XferStatus::InProgress) => WriteStatus::InProgress,
-            Ok(XferStatus::Success) => WriteStatus::Success,
-            Err(NixlError::BackendError) => WriteStatus::BackendError,
-            // NOT_FOUND cancels nothing: the put may still land (F7).
-            Err(_) => WriteStatus::Unknown,
-        }
+        write_status(self.agent.agent().get_xfer_status(write))
     }
 
     fn send_notification(&mut self, to: Peer<'_>, bytes: &[u8]) -> Result<(), SendError> {
@@ -273,5 +267,17 @@ impl Transport for NixlConsumerTransport<'_> {
 
     fn peer_gone(&mut self) -> Option<GonePeer> {
         None
+    }
+}
+
+/// What a `get_xfer_status` answer says about a posted WRITE (the table above): only
+/// `Success` proves it over, only a backend error proves it failed; NOT_FOUND (or any other
+/// error) cancels nothing, the put may still land (F7).
+pub fn write_status(status: Result<XferStatus, NixlError>) -> WriteStatus {
+    match status {
+        Ok(XferStatus::InProgress) => WriteStatus::InProgress,
+        Ok(XferStatus::Success) => WriteStatus::Success,
+        Err(NixlError::BackendError) => WriteStatus::BackendError,
+        Err(_) => WriteStatus::Unknown,
     }
 }

@@ -1,0 +1,39 @@
+//! The late-writes experiment (issue 9, item 4): does a WRITE that P saw fail keep landing
+//! in D's memory, for how long, and does D's ledger release the blocks before it stops?
+//!
+//! P and D run as separate processes over real NIXL (UCX TCP on loopback, or shared
+//! memory). P writes 256 MiB whose every 4 KiB page carries a stamp ([`stamp`]); D tracks the
+//! request in a kvdrain `Ledger` with one named edge and a watcher thread scans the
+//! destination pages about every millisecond ([`watch`]). A random delay after the post P
+//! injects a fault ([`spec::Fault`]: invalidate D's metadata, drop the handle, reset its TCP
+//! connections, die) and reports as its policy says ([`policy`]: `old` = the pre-fix glue,
+//! the negative control; `new` = the F7 rule).
+//!
+//! ```text
+//!  D:  registered ──▶ event (failure notice │ fence on a failed heartbeat │ expiry)
+//!                        ──▶ Released ──▶ pages overwritten with "reused" stamps
+//!  measured: last page landing after the event (the drain), and any producer stamp
+//!            after the reuse stamps (a violation: a block reused while a write landed)
+//! ```
+//!
+//! | module | concept |
+//! | --- | --- |
+//! | [`stamp`] | page stamps and the stamped memory |
+//! | [`watch`] | the consumer's scanning thread |
+//! | [`policy`] | what P reports after a posted write ends without `Success` |
+//! | [`spec`] | one run's parameters, the faults, the transports, the randomized plan |
+//! | [`consumer_side`] | D's process |
+//! | [`producer_side`] | P's process |
+//! | [`coordinator`] | spawns both per run, relays the handshake, collects a [`coordinator::RunRecord`] |
+//! | [`lines`] | the line protocol between them |
+//! | [`summary`] | distributions per fault and transport, the supported `settle_ms` |
+
+pub mod consumer_side;
+pub mod coordinator;
+pub mod lines;
+pub mod policy;
+pub mod producer_side;
+pub mod spec;
+pub mod stamp;
+pub mod summary;
+pub mod watch;

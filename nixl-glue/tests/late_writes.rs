@@ -1,0 +1,202 @@
+//! The late-writes experiment on real NIXL, short: P and D as separate processes (this test
+//! binary re-run as its ignored `child_*` tests), over UCX TCP on loopback and over shared
+//! memory, each fault a few times. The long randomized series is
+//! `kvdrain experiment late-writes` (cli).
+//!
+//! - negative control: the pre-fix producer (`old`) without settling lets D release while the
+//!   errored write still lands: violations;
+//! - the F7 producer (`new`) sends no `PUSH_FAIL` after its own invalidation or drop, and
+//!   nothing lands on released blocks;
+//! - the F7 producer with `settle_ms = 5000` under every fault: no violations (the core
+//!   settles failure notices, D fences a producer found gone `settle_ms` after the
+//!   disconnect, as the consumer driver does).
+
+mod common;
+
+use std::process::Command;
+
+use common::{prefix, serial};
+use kvdrain_nixl::experiment::coordinator::{Role, RunRecord, child_main, run_once};
+use kvdrain_nixl::experiment::policy::Policy;
+use kvdrain_nixl::experiment::spec::{Fault, Plan, Transport};
+use kvdrain_nixl::experiment::summary::Summary;
+use kvdrain_nixl::loader::require_nixl_or_skip;
+
+fn launch(role: Role) -> Command {
+    let test = match role {
+        Role::Consumer => "child_late_writes_consumer",
+        Role::Producer => "child_late_writes_producer",
+    };
+    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
+    cmd.args([
+        "--ignored",
+        "--exact",
+        test,
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    cmd
+}
+
+fn series(test: &str, plan: Plan) -> Option<(Vec<RunRecord>, Summary)> {
+    if !require_nixl_or_skip(test) {
+        return None;
+    }
+    let mut records = Vec::new();
+    for spec in plan.specs() {
+        let r = run_once(&spec, &launch).unwrap_or_else(|e| panic!("run {}: {e}", spec.run));
+        eprintln!("{}", r.to_json());
+        records.push(r);
+    }
+    let summary = Summary::of(&records);
+    eprint!("{}", summary.table());
+    Some((records, summary))
+}
+
+fn plan(
+    test: &str,
+    runs: u32,
+    faults: &[Fault],
+    transports: &[Transport],
+    policy: Policy,
+    settle_ms: u64,
+) -> Plan {
+    Plan {
+        runs,
+        faults: faults.to_vec(),
+        transports: transports.to_vec(),
+        policy,
+        settle_ms,
+        // Above the write's duration on a loaded two-core host (about 2 s for 256 MiB).
+        deadline_ms: 3000,
+        quarantine_ms: 3000,
+        // Late bytes stopped within 0.2 s of any event in every long run: watching 0.5 s
+        // after the event and after the release sees them, and keeps the test short.
+        observe_ms: 500,
+        // Early in the write: on TCP even a fast host needs longer for 256 MiB.
+        fault_delay_us: (1000, 5000),
+        seed: 7,
+        prefix: prefix(test),
+    }
+}
+
+/// The negative control: P invalidates D's metadata mid-write over TCP, sees `NotFound` and
+/// (pre-fix) sends `PUSH_FAIL`; D without settling releases at once and the write keeps
+/// landing on the released blocks.
+#[test]
+fn old_producer_without_settling_lets_late_writes_hit_released_blocks() {
+    let _s = serial();
+    let test = "old_producer_without_settling_lets_late_writes_hit_released_blocks";
+    let Some((records, summary)) = series(
+        test,
+        plan(
+            test,
+            2,
+            &[Fault::Invalidate],
+            &[Transport::Tcp],
+            Policy::Old,
+            0,
+        ),
+    ) else {
+        return;
+    };
+    for r in &records {
+        let json = r.to_json();
+        assert_eq!(r.producer.get("end"), Some("not_found"), "{json}");
+        assert_eq!(r.producer.get("push_fail_sent"), Some("true"), "{json}");
+        assert_eq!(r.consumer.get("event"), Some("notice"), "{json}");
+        assert_eq!(r.consumer.get("outcome"), Some("failed"), "{json}");
+        assert!(
+            r.late_pages() > 0,
+            "nothing landed after the notice: {json}"
+        );
+        assert!(r.violations() > 0, "no violation: {json}");
+    }
+    assert!(summary.violations > 0);
+}
+
+/// The F7 producer after the faults it can tell apart (its own invalidation, its own drop
+/// of the handle), over TCP and shared memory: no `PUSH_FAIL`, D's deadline and quarantine
+/// end the request, and nothing lands on released blocks. Passes without settling: no
+/// failure notice is sent.
+#[test]
+fn new_producer_reports_nothing_after_its_own_invalidation_or_drop() {
+    let _s = serial();
+    let test = "new_producer_reports_nothing_after_its_own_invalidation_or_drop";
+    let Some((records, summary)) = series(
+        test,
+        plan(
+            test,
+            4,
+            &[Fault::Invalidate, Fault::DropHandle],
+            &[Transport::Tcp, Transport::Shm],
+            Policy::New,
+            5000,
+        ),
+    ) else {
+        return;
+    };
+    assert_eq!(summary.cells.len(), 4, "{}", summary.table());
+    assert_eq!(summary.violations, 0, "{}", summary.table());
+    for r in &records {
+        let json = r.to_json();
+        assert_eq!(r.producer.get("push_fail"), Some("false"), "{json}");
+        assert_ne!(r.consumer.get("event"), Some("notice"), "{json}");
+    }
+}
+
+/// Every fault, over TCP and shared memory, with the F7 producer and `settle_ms = 5000`:
+/// nothing lands on released blocks.
+///
+/// It needs more than the core's settling of failure notices: over TCP, after a connection
+/// reset (c) or P's death (d), D's heartbeat fails while its UCX still writes bytes it had
+/// received, for up to ~0.2 s (see `kvdrain experiment late-writes`), so D fences P only
+/// `settle_ms` after the disconnect (`kvdrain_driver::consumer::fence_due_ms`).
+#[test]
+fn new_producer_with_settling_has_no_violations_under_any_fault() {
+    let _s = serial();
+    let test = "new_producer_with_settling_has_no_violations_under_any_fault";
+    let Some((records, summary)) = series(
+        test,
+        plan(
+            test,
+            // Round-robin over the 7 fault × transport pairs: TCP a, b, c twice, the rest once.
+            10,
+            &Fault::ALL,
+            &[Transport::Tcp, Transport::Shm],
+            Policy::New,
+            5000,
+        ),
+    ) else {
+        return;
+    };
+    assert_eq!(summary.cells.len(), 7, "{}", summary.table());
+    assert_eq!(summary.violations, 0, "{}", summary.table());
+    for r in &records {
+        let json = r.to_json();
+        // A disconnect is fenced no earlier than settle_ms after it (the drivers' clock
+        // counts whole milliseconds).
+        if let (Some(d), Some(f)) = (
+            r.consumer.num("disconnect_after_event_us"),
+            r.consumer.num("fence_after_event_us"),
+        ) {
+            assert!(f + 1000 >= d + 5_000_000, "fenced before settling: {json}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "child process of the late-writes tests"]
+fn child_late_writes_consumer() {
+    if std::env::var_os(kvdrain_nixl::experiment::spec::SPEC_ENV).is_some() {
+        std::process::exit(child_main(Role::Consumer));
+    }
+}
+
+#[test]
+#[ignore = "child process of the late-writes tests"]
+fn child_late_writes_producer() {
+    if std::env::var_os(kvdrain_nixl::experiment::spec::SPEC_ENV).is_some() {
+        std::process::exit(child_main(Role::Producer));
+    }
+}
