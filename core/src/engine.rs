@@ -185,7 +185,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             }
             pos = Index::<N>::next(pos);
         }
-        // No `EMPTY` bucket at all: at most N of the 4N buckets are live, so a `DELETED`
+        // No `EMPTY` bucket at all: at most N of the 2N buckets are live, so a `DELETED`
         // one was seen.
         Probe::Vacant(vacancy.unwrap_or(pos))
     }

@@ -36,7 +36,7 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
 
     /// Feeds one NIXL notification from producer `agent`.
     ///
-    /// `O(1)`: one parse, one hash, an expected 1.2 index probes, one or two CAS (plus a
+    /// `O(1)`: one parse, one hash, an expected 1.5 index probes, one or two CAS (plus a
     /// scan of at most `E` edge words in named mode). Never allocates, never blocks, never
     /// panics.
     ///

@@ -2,21 +2,20 @@
 //! A change that makes a tracked request heavier must update these bounds on purpose
 //! (and the figures `kvdrain bench memory` prints and `bench/RESULTS.md` quotes).
 //!
-//! Today (x86_64, `kvdrain bench memory`): 213 bytes per request at `E = 8` — shared slot
+//! Today (x86_64, `kvdrain bench memory`): 205 bytes per request at `E = 8` — shared slot
 //! 60 (state word 4, fingerprint 16, edge count 4, 8 edge words 32, failure-notice stamp
-//! 4), index 16 (four buckets: load ≤ ¼ keeps probes short), tombstones 32 + 1, ready
-//! ring 4, owner record 56, timer 32 + heap index 4, free list 4, batch 4 — and 309 at
-//! `E = 32`. The budget is 256 bytes per tracked
+//! 4), index 8, tombstones 32 + 1, ready ring 4, owner record 56, timer 32 + heap index 4,
+//! free list 4, batch 4 — and 301 at `E = 32`. The budget is 256 bytes per tracked
 //! request.
 
 use kvdrain::Ledger;
 
 /// The target.
 const BUDGET_PER_REQUEST: usize = 256;
-/// Pinned per-request cost at `E = 8` (213 today; the slack is one 8-byte field).
-const PER_REQUEST_E8: usize = 220;
-/// Pinned per-request cost at `E = 32` (309 today: 24 more edge words of 4 bytes).
-const PER_REQUEST_E32: usize = 316;
+/// Pinned per-request cost at `E = 8` (205 today; the slack is one 8-byte field).
+const PER_REQUEST_E8: usize = 212;
+/// Pinned per-request cost at `E = 32` (301 today: 24 more edge words of 4 bytes).
+const PER_REQUEST_E32: usize = 308;
 /// Pinned fixed part (a few hundred bytes today).
 const FIXED: usize = 1024;
 

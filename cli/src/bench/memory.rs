@@ -3,7 +3,7 @@
 //! Everything is inline, so `size_of::<Ledger<N, E>>()` is the whole footprint. The
 //! slot-equivalent is the marginal cost of one more request,
 //! `(size_of::<Ledger<2N, E>>() - size_of::<Ledger<N, E>>()) / N`: every per-request
-//! table (shared slot, four index buckets, four tombstone ways, ready-ring entry,
+//! table (shared slot, two index buckets, four tombstone ways, ready-ring entry,
 //! owner record, timer, free-list and batch entries). `core/tests/size.rs` pins the same
 //! figures.
 
