@@ -186,26 +186,11 @@ impl<H: Handshake> Transport for NixlProducerTransport<'_, H> {
                 self.peer(engine, rank).ok_or(SendError::Unreachable)?.name
             }
         };
-        match self.agent.agent().send_notification(&name, bytes, None) {
-            Ok(()) => Ok(()),
-            Err(NixlError::NotFound) => Err(SendError::Stale),
-            Err(NixlError::BackendError) => Err(SendError::PeerGone),
-            Err(_) => Err(SendError::Unreachable),
-        }
+        send(self.agent, &name, bytes)
     }
 
     fn drain_notifications(&mut self, out: &mut Vec<Notification>) -> Result<(), DrainError> {
-        match self.agent.drain_notifications() {
-            Ok(batch) => {
-                out.extend(batch);
-                Ok(())
-            }
-            Err(e) => {
-                let message = e.to_string();
-                self.state.drain_error = Some(e);
-                Err(DrainError(message))
-            }
-        }
+        drain(self.agent, out, &mut self.state.drain_error)
     }
 
     fn peer_gone(&mut self) -> Option<GonePeer> {
@@ -243,26 +228,11 @@ impl Transport for NixlConsumerTransport<'_> {
         let Peer::Agent(name) = to else {
             return Err(SendError::Unreachable);
         };
-        match self.agent.agent().send_notification(name, bytes, None) {
-            Ok(()) => Ok(()),
-            Err(NixlError::BackendError) => Err(SendError::PeerGone),
-            Err(NixlError::NotFound) => Err(SendError::Stale),
-            Err(_) => Err(SendError::Unreachable),
-        }
+        send(self.agent, name, bytes)
     }
 
     fn drain_notifications(&mut self, out: &mut Vec<Notification>) -> Result<(), DrainError> {
-        match self.agent.drain_notifications() {
-            Ok(batch) => {
-                out.extend(batch);
-                Ok(())
-            }
-            Err(e) => {
-                let message = e.to_string();
-                self.drain_error = Some(e);
-                Err(DrainError(message))
-            }
-        }
+        drain(self.agent, out, &mut self.drain_error)
     }
 
     fn peer_gone(&mut self) -> Option<GonePeer> {
@@ -279,5 +249,37 @@ pub fn write_status(status: Result<XferStatus, NixlError>) -> WriteStatus {
         Ok(XferStatus::Success) => WriteStatus::Success,
         Err(NixlError::BackendError) => WriteStatus::BackendError,
         Err(_) => WriteStatus::Unknown,
+    }
+}
+
+/// Sends one notification, reading NIXL's answer the way both sides need it: a backend
+/// error means the peer is gone (UCX `REMOTE_DISCONNECT`), `NotFound` that its metadata was
+/// invalidated (stale), anything else that it cannot be reached now.
+fn send(agent: &UcxAgent, name: &str, bytes: &[u8]) -> Result<(), SendError> {
+    match agent.agent().send_notification(name, bytes, None) {
+        Ok(()) => Ok(()),
+        Err(NixlError::BackendError) => Err(SendError::PeerGone),
+        Err(NixlError::NotFound) => Err(SendError::Stale),
+        Err(_) => Err(SendError::Unreachable),
+    }
+}
+
+/// Drains the agent's notifications into `out`; a failure is kept in `error` for the
+/// caller and reported to the driver by its message.
+fn drain(
+    agent: &UcxAgent,
+    out: &mut Vec<Notification>,
+    error: &mut Option<AgentError>,
+) -> Result<(), DrainError> {
+    match agent.drain_notifications() {
+        Ok(batch) => {
+            out.extend(batch);
+            Ok(())
+        }
+        Err(e) => {
+            let message = e.to_string();
+            *error = Some(e);
+            Err(DrainError(message))
+        }
     }
 }
