@@ -2,8 +2,8 @@
 //! flags, their defaults and an example in `--help`.
 //!
 //! Exit statuses: 0 ok; 2 for clap's usage errors (unknown flag, bad value, missing
-//! argument); each subcommand documents its own (`replay`: 1 unreadable input, 2 trace
-//! error — so its usage errors exit 1, keeping 2 for trace errors as the trace spec says).
+//! argument), for every subcommand; each subcommand documents its own on top (`replay`:
+//! 1 unreadable input, 2 trace error — a trace error also says `trace error at line L`).
 
 use std::process::ExitCode;
 
@@ -61,10 +61,8 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            let replay = args.get(1).is_some_and(|a| a == "replay");
             return match e.exit_code() {
                 0 => ExitCode::SUCCESS,
-                _ if replay => ExitCode::from(crate::replay::EXIT_UNREADABLE),
                 code => ExitCode::from(u8::try_from(code).unwrap_or(2)),
             };
         }

@@ -42,8 +42,7 @@ impl std::fmt::Display for TraceError {
 
 impl std::error::Error for TraceError {}
 
-/// Exit status when the input cannot be read or the output written, and on bad usage
-/// (2 is kept for trace errors).
+/// Exit status when the input cannot be read or the output written.
 pub const EXIT_UNREADABLE: u8 = 1;
 /// Exit status of a trace error.
 pub const EXIT_TRACE_ERROR: u8 = 2;
@@ -51,9 +50,9 @@ pub const EXIT_TRACE_ERROR: u8 = 2;
 /// `kvdrain replay` arguments.
 #[derive(Debug, Clone, clap::Args)]
 #[command(after_help = "\
-Exit status: 0 after the whole trace; 1 if the input cannot be read (or on bad usage);
-2 on a trace error (`trace error at line L: WHY` on stderr, after the decisions of the
-lines before it).
+Exit status: 0 after the whole trace; 1 if the input cannot be read; 2 on a trace error
+(`trace error at line L: WHY` on stderr, after the decisions of the lines before it) and
+on bad usage (clap's message).
 
 Example:
   kvdrain replay tests/traces/story_mixed_node.trace

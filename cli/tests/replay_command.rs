@@ -58,8 +58,10 @@ fn missing_file_and_bad_usage_are_not_trace_errors() {
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(1));
+    // A usage error is clap's, status 2, without the trace error's `trace error at line`.
     let out = kvdrain().arg("replay").output().expect("run");
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("trace error"));
     let out = kvdrain().arg("frobnicate").output().expect("run");
     assert_eq!(out.status.code(), Some(2));
 }

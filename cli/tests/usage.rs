@@ -129,14 +129,18 @@ fn bad_input_gets_clap_errors_with_status_2() {
 }
 
 #[test]
-fn replay_usage_errors_keep_status_1_apart_from_trace_errors() {
+fn replay_usage_errors_are_clap_errors_not_trace_errors() {
     for args in [
         &["replay"][..],
         &["replay", "a", "b"],
         &["replay", "--bogus", "x"],
     ] {
         let out = kvdrain(args);
-        assert_eq!(out.status.code(), Some(1), "{args:?}");
-        assert!(String::from_utf8_lossy(&out.stderr).contains("error:"));
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("error:") && !stderr.contains("trace error"),
+            "{stderr}"
+        );
     }
 }
