@@ -196,8 +196,6 @@ pub use engine::Engine;
 pub use error::{AbortError, ClockError, IgnoreReason, Ignored, RegisterError, RegisterErrorKind};
 pub use ingest::{Ingest, Noticed};
 pub use ledger::Ledger;
-#[allow(deprecated)]
-pub use ticket::Counting;
 pub use ticket::{
     AgentId, BlockHandle, Decision, Drained, Expect, Failed, Outstanding, Pending, QuarantineCause,
     Quarantined, Registration, Released, RequestKey,

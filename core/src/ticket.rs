@@ -74,13 +74,6 @@ pub struct Pending {
     pub(crate) slot: u32,
 }
 
-/// The old name of [`Pending`].
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed `Pending`: it covers named-edge mode too"
-)]
-pub type Counting = Pending;
-
 impl Pending {
     /// The request's key.
     pub fn key(&self) -> RequestKey {

@@ -31,13 +31,6 @@ pub struct Body<'a> {
     pub tp_size: u16,
 }
 
-/// The old name of [`Body`].
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed `Body`: it is a failure notice's body too"
-)]
-pub type Completion<'a> = Body<'a>;
-
 /// A parsed notification.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Message<'a> {
