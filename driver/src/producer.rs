@@ -241,7 +241,10 @@ impl<W> std::fmt::Debug for ProducerDriver<W> {
     }
 }
 
-fn completion(request_id: &str, tp_size: u16, failure: bool) -> Vec<u8> {
+/// The bytes of a completion (`REQ:TP`) or, with `failure`, of a failure notice
+/// (`PUSH_FAIL:REQ:TP`) for `request_id`; empty for an id the wire cannot carry (one that
+/// starts with a reserved prefix).
+pub fn notice_bytes(request_id: &str, tp_size: u16, failure: bool) -> Vec<u8> {
     let c = Body {
         request_id,
         tp_size,
@@ -621,7 +624,7 @@ impl<W> ProducerDriver<W> {
         };
         tracing::debug!("posting");
         let topology = self.topology(&push.registration);
-        let body = completion(&push.registration.request_id, self.config.tp_size, false);
+        let body = notice_bytes(&push.registration.request_id, self.config.tp_size, false);
         // By index: the plan's edges are fixed once planned, and posting changes their states.
         for i in 0..push.plan.edges().len() {
             let edge = push.plan.edges()[i];
@@ -786,7 +789,7 @@ impl<W> ProducerDriver<W> {
         if owed.is_empty() {
             return;
         }
-        let body = completion(&push.registration.request_id, self.config.tp_size, true);
+        let body = notice_bytes(&push.registration.request_id, self.config.tp_size, true);
         let engine = push.registration.decode_engine_id.clone();
         for d in owed {
             let to = Peer::ConsumerRank {

@@ -5,9 +5,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use kvdrain::wire::{self, Body};
 use kvdrain::{AgentId, Config, Expect, IgnoreReason, Millis, Outstanding, RegisterErrorKind};
-use kvdrain_driver::producer::{Offer, ProducerConfig, ProducerDriver, ProducerEvent};
+use kvdrain_driver::producer::{
+    Offer, ProducerConfig, ProducerDriver, ProducerEvent, notice_bytes,
+};
 use kvdrain_driver::registration::PushRegistration;
 use kvdrain_driver::transport::{Notification, WriteStatus};
 
@@ -128,21 +129,6 @@ pub struct World {
     faults: Faults,
     decisions: Decisions,
     report: Report,
-}
-
-fn completion_bytes(id: &str, tp: u16, failure: bool) -> Vec<u8> {
-    let c = Body {
-        request_id: id,
-        tp_size: tp,
-    };
-    let mut buf = vec![0; wire::PUSH_FAIL_PREFIX.len() + c.encoded_len()];
-    let n = if failure {
-        c.encode_failure(&mut buf)
-    } else {
-        c.encode(&mut buf)
-    };
-    buf.truncate(n.unwrap_or(0));
-    buf
 }
 
 /// The producer driver's configuration of simulated producer rank `rank`.
@@ -358,7 +344,7 @@ impl World {
         // Rule 4: a notice that arrives before its registration counts for nothing.
         if self.rng.chance(self.rates.unknown_id / 2) {
             self.faults.unknown_id += 1;
-            let bytes = completion_bytes(&id, topology.p_tp, false);
+            let bytes = notice_bytes(&id, topology.p_tp, false);
             let agent = self.cluster.ranks[self.cluster.ranks_of(engine).start].known;
             self.deliver(0, agent, &bytes, Should::BeIgnored(&["unknown"]));
         }
@@ -559,14 +545,14 @@ impl World {
             let failure = self.rng.chance(500_000);
             send(
                 self,
-                completion_bytes(&ghost, tp, failure),
+                notice_bytes(&ghost, tp, failure),
                 Should::BeIgnored(&["unknown"]),
             );
         }
         if self.rng.chance(self.rates.expired_id) && !self.finished_ids.is_empty() {
             self.faults.expired_id += 1;
             let i = self.rng.below(self.finished_ids.len() as u64) as usize;
-            let bytes = completion_bytes(&self.finished_ids[i], tp, self.rng.chance(300_000));
+            let bytes = notice_bytes(&self.finished_ids[i], tp, self.rng.chance(300_000));
             send(self, bytes, Should::BeIgnored(&["late", "unknown"]));
         }
         // Named-edge mode only: in counting mode a notice counts whoever sent it (rule 6).
@@ -575,7 +561,7 @@ impl World {
             let event = Event::Deliver {
                 d,
                 agent: Cluster::STRANGER,
-                bytes: completion_bytes(id, tp, false),
+                bytes: notice_bytes(id, tp, false),
                 should: Should::BeIgnored(&["unexpected_sender", "late", "unknown"]),
             };
             let at = self.now + self.between(DUPLICATE);
@@ -944,8 +930,8 @@ impl World {
         };
         let tp = self.cluster.engines[request.engine].topology.p_tp;
         let repeats = request.named || self.config.broken == Some(Broken::DuplicateCounting);
-        let bytes = completion_bytes(&request.id, tp, false);
-        let failure = completion_bytes(&request.id, tp, true);
+        let bytes = notice_bytes(&request.id, tp, false);
+        let failure = notice_bytes(&request.id, tp, true);
         self.send(w.d, w.agent, bytes.clone());
         // Counting mode cannot tell a second notice from a sibling's (spec rule 6): repeats
         // go only to named-edge requests.
