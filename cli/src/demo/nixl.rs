@@ -494,7 +494,8 @@ impl Loop<'_> {
             let produced = p
                 .join()
                 .map_err(|_| "the producer thread panicked".to_owned())?;
-            ran.and(produced)
+            // The producers' own error says more than "the producer thread stopped".
+            produced.and(ran)
         })
     }
 
