@@ -152,13 +152,15 @@ fn demo_summary_splits_the_latency() {
     };
     for name in [
         "offer → decision",
-        "NIXL + producers",
+        "post → decision",
+        "NIXL delivery",
         "notification → decision",
         "ingest half",
         "hand-off",
     ] {
         let line = row(&threads, name);
-        assert!(line.contains("p50 ") && line.contains("p99 "), "{line}");
+        assert!(line.contains("p50 "), "{line}");
+        assert!(name == "NIXL delivery" || line.contains("p99 "), "{line}");
         assert!(line.contains(" µs"), "{line}");
     }
     let Some((one_loop, _)) = demo(&["--no-pump-thread"]) else {

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError, mpsc};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
@@ -117,24 +117,85 @@ impl Epoch {
     }
 }
 
+/// When each request's last write was posted: the producers' fault injector is called
+/// right before each post, with the P request id. Indexed by request number modulo the
+/// table's length and tagged with the number, so a stale entry is never read as another
+/// request's.
+#[derive(Debug)]
+struct PostStamps {
+    tag: Box<[AtomicU64]>,
+    at: Box<[AtomicU64]>,
+}
+
+impl PostStamps {
+    fn new(window: usize) -> PostStamps {
+        let table = || (0..4 * window).map(|_| AtomicU64::new(u64::MAX)).collect();
+        PostStamps {
+            tag: table(),
+            at: table(),
+        }
+    }
+
+    /// A write of request `n` is being posted at `now` (on the producers' thread).
+    fn stamp(&self, n: u64, now: u64) {
+        let i = (n % self.tag.len() as u64) as usize;
+        if self.tag[i].load(Ordering::Relaxed) != n {
+            self.at[i].store(now, Ordering::Relaxed);
+            self.tag[i].store(n, Ordering::Release);
+        } else {
+            self.at[i].fetch_max(now, Ordering::Release);
+        }
+    }
+
+    /// When request `n`'s last write so far was posted.
+    fn get(&self, n: u64) -> Option<u64> {
+        let i = (n % self.tag.len() as u64) as usize;
+        (self.tag[i].load(Ordering::Acquire) == n).then(|| self.at[i].load(Ordering::Acquire))
+    }
+}
+
+/// The clocks both sides stamp requests with.
+#[derive(Debug)]
+struct Timing {
+    epoch: Epoch,
+    /// When the producers offered the request in each slot (ns since `epoch`).
+    offered: Box<[AtomicU64]>,
+    posted: Arc<PostStamps>,
+}
+
+/// What the engine thread measures per decided request (ns).
+#[derive(Debug)]
+struct Measured {
+    /// Offer → decision handed to the engine.
+    end_to_end: Histogram<u64>,
+    /// Last write posted → decision handed to the engine.
+    post_to_decision: Histogram<u64>,
+}
+
 struct DecodeSide<'a> {
     pool: &'a DramPool,
     o: &'a Options,
     slots: &'a Mutex<Slots>,
     s: &'a mut Summary,
     decided: &'a mut u64,
-    /// When the producers offered the request in each slot (ns since `epoch`).
-    offered: &'a [AtomicU64],
-    epoch: Epoch,
-    end_to_end: &'a mut Histogram<u64>,
+    timing: &'a Timing,
+    measured: &'a mut Measured,
 }
 
 impl DecodeSide<'_> {
-    fn decided(&mut self, slot: u64) {
-        if let Some(at) = self.offered.get(slot as usize) {
+    /// Request `n` in `slot` was decided (now).
+    fn decided(&mut self, slot: u64, n: u64) {
+        let now = self.timing.epoch.now();
+        if let Some(at) = self.timing.offered.get(slot as usize) {
             let offered = at.load(Ordering::Acquire);
-            self.end_to_end
-                .saturating_record(self.epoch.now().saturating_sub(offered));
+            self.measured
+                .end_to_end
+                .saturating_record(now.saturating_sub(offered));
+        }
+        if let Some(posted) = self.timing.posted.get(n) {
+            self.measured
+                .post_to_decision
+                .saturating_record(now.saturating_sub(posted));
         }
         *self.decided += 1;
     }
@@ -143,12 +204,12 @@ impl DecodeSide<'_> {
 impl BlockRelease for DecodeSide<'_> {
     fn decode(&mut self, _request: &PushedRequest, blocks: BlockHandle) {
         let slot = blocks.0;
-        self.decided(slot);
         let n = lock(self.slots)
             .request
             .get(&slot)
             .copied()
             .unwrap_or(u64::MAX);
+        self.decided(slot, n);
         let p_len = self.o.block_size / usize::from(P_TP);
         let intact = (0..self.o.blocks).all(|b| {
             let got = self.pool.read(slot * self.o.blocks as u64 + b as u64);
@@ -167,9 +228,9 @@ impl BlockRelease for DecodeSide<'_> {
     }
     fn failed(&mut self, request: &PushedRequest) {
         self.s.failed += 1;
-        let slot = lock(self.slots).request_slot(request);
-        match slot {
-            Some(slot) => self.decided(slot),
+        let found = lock(self.slots).request_slot(request);
+        match found {
+            Some((slot, n)) => self.decided(slot, n),
             None => *self.decided += 1,
         }
     }
@@ -180,12 +241,12 @@ impl BlockRelease for DecodeSide<'_> {
 }
 
 impl Slots {
-    /// The slot of D request `d-{n}`.
-    fn request_slot(&self, request: &PushedRequest) -> Option<u64> {
+    /// The slot and number `n` of D request `d-{n}`.
+    fn request_slot(&self, request: &PushedRequest) -> Option<(u64, u64)> {
         let n: u64 = request.id.strip_prefix("d-")?.parse().ok()?;
-        self.request
-            .iter()
-            .find_map(|(&slot, &m)| (m == n && self.holders.contains_key(&slot)).then_some(slot))
+        self.request.iter().find_map(|(&slot, &m)| {
+            (m == n && self.holders.contains_key(&slot)).then_some((slot, n))
+        })
     }
 }
 
@@ -221,8 +282,7 @@ struct Producers<'a> {
     pools: &'a [DramPool],
     handshake: &'a mut StaticHandshake,
     slot_of: HashMap<String, u64>,
-    offered: &'a [AtomicU64],
-    epoch: Epoch,
+    timing: &'a Timing,
 }
 
 impl Producers<'_> {
@@ -235,7 +295,7 @@ impl Producers<'_> {
                 pool.write(id, &pattern(n, r as u16, b, self.p_len));
             }
         }
-        self.offered[slot as usize].store(self.epoch.now(), Ordering::Release);
+        self.timing.offered[slot as usize].store(self.timing.epoch.now(), Ordering::Release);
         for p in self.pushers.iter_mut() {
             p.offer(Offer {
                 request_id: pid.clone(),
@@ -346,16 +406,24 @@ pub fn run(o: &Options) -> Result<Summary, String> {
         o.window,
         o.fail_rate
     );
+    let start = Instant::now();
+    let epoch = Epoch(start);
+    let timing = Timing {
+        epoch,
+        offered: (0..o.window).map(|_| AtomicU64::new(0)).collect(),
+        posted: Arc::new(PostStamps::new(o.window)),
+    };
     for r in 0..P_TP {
         let opts = o.clone();
+        let posted = Arc::clone(&timing.posted);
+        // Called right before each post: the injected failures, and the post's time.
         let injector: FaultInjector = Box::new(move |req: &str, _d| {
             let n: u64 = req.strip_prefix("p-")?.parse().ok()?;
+            posted.stamp(n, epoch.now());
             opts.fails(n, r).then_some(Fault::BadDescriptor)
         });
         tb.p.pushers[usize::from(r)].set_fault_injector(Some(injector));
     }
-    let start = Instant::now();
-    let epoch = Epoch(start);
     let mut s = Summary {
         transport: "real NIXL (UCX), 3 agents in one process".to_owned(),
         requests: o.requests,
@@ -365,8 +433,10 @@ pub fn run(o: &Options) -> Result<Summary, String> {
         free: (0..o.window as u64).rev().collect(),
         ..Slots::default()
     });
-    let offered: Vec<AtomicU64> = (0..o.window).map(|_| AtomicU64::new(0)).collect();
-    let mut end_to_end = latency_histogram();
+    let mut measured = Measured {
+        end_to_end: latency_histogram(),
+        post_to_decision: latency_histogram(),
+    };
     let mut progress = Progress::new(o.requests);
     let mut decided = 0u64;
     let Testbed {
@@ -382,8 +452,7 @@ pub fn run(o: &Options) -> Result<Summary, String> {
         pools: &p.pools,
         handshake,
         slot_of: HashMap::new(),
-        offered: &offered,
-        epoch,
+        timing: &timing,
     };
     let mut world = Loop {
         o,
@@ -392,9 +461,8 @@ pub fn run(o: &Options) -> Result<Summary, String> {
         s: &mut s,
         progress: &mut progress,
         decided: &mut decided,
-        offered: &offered,
-        epoch,
-        end_to_end: &mut end_to_end,
+        timing: &timing,
+        measured: &mut measured,
     };
     let result = if o.pump_thread {
         dside
@@ -420,7 +488,8 @@ pub fn run(o: &Options) -> Result<Summary, String> {
     let optional = |h: &Histogram<u64>| (!h.is_empty()).then(|| Percentiles::of(h));
     s.ingest_latency = optional(tb.d.consumer.ingest_latency().histogram());
     s.handoff_latency = optional(tb.d.consumer.handoff_latency().histogram());
-    s.end_to_end = optional(&end_to_end);
+    s.end_to_end = optional(&measured.end_to_end);
+    s.post_to_decision = optional(&measured.post_to_decision);
     let metrics = kvdrain_nixl::metrics::Metrics::new();
     let (core, glue) = (tb.d.consumer.core_counters(), tb.d.consumer.counters());
     metrics.observe_consumer(&core, &glue, tb.d.consumer.latency());
@@ -443,9 +512,8 @@ struct Loop<'a> {
     s: &'a mut Summary,
     progress: &'a mut Progress,
     decided: &'a mut u64,
-    offered: &'a [AtomicU64],
-    epoch: Epoch,
-    end_to_end: &'a mut Histogram<u64>,
+    timing: &'a Timing,
+    measured: &'a mut Measured,
 }
 
 /// Where requests go once the engine thread picked their slot.
@@ -555,9 +623,8 @@ impl Loop<'_> {
                 slots: self.slots,
                 s: self.s,
                 decided: self.decided,
-                offered: self.offered,
-                epoch: self.epoch,
-                end_to_end: self.end_to_end,
+                timing: self.timing,
+                measured: self.measured,
             };
             busy |= pump.step(&mut d).map_err(|e| format!("consumer: {e}"))?;
             self.progress.update(*self.decided);
