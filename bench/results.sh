@@ -33,6 +33,9 @@ step "ingest named R=4096 E=2"
 "$K" bench ingest --inflight 4096 --edges 2 --notifications "$m" --reps "$reps" --mode named
 step "sweep counting"
 "$K" bench sweep --notifications "$sweep_m" --reps "$sweep_reps"
+step "latency (two threads, one thread, hand-off)"
+"$K" bench latency --requests "$((reps * 5000))"
+"$K" bench latency --requests "$((reps * 5000))" --batch 16
 step "tick"
 "$K" bench tick --inflight 65536 --expiring 4 --ticks 4096 --reps "$reps"
 "$K" bench tick --inflight 4096 --expiring 1 --ticks 4096 --reps "$reps"

@@ -89,7 +89,7 @@ pub fn help(path: &[&str]) -> Option<String> {
 }
 
 /// Every command path with its own usage line, in `--help` order.
-pub const PATHS: [&[&str]; 11] = [
+pub const PATHS: [&[&str]; 12] = [
     &["replay"],
     &["sim"],
     &["demo"],
@@ -100,6 +100,7 @@ pub const PATHS: [&[&str]; 11] = [
     &["bench", "tick"],
     &["bench", "memory"],
     &["bench", "stream"],
+    &["bench", "latency"],
     &["experiment", "late-writes"],
 ];
 

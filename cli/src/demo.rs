@@ -68,8 +68,9 @@ pub struct Options {
     /// agent; on a small machine the threads cost 5x).
     #[arg(long)]
     pub progress_thread: bool,
-    /// Drain D's notifications on the loop's thread (default: a pump thread feeds the
-    /// consumer driver's lock-free ingest half while the loop is the engine thread).
+    /// One loop drains D's notifications, decides and ticks the producers (default: the
+    /// producers run on their own thread, a pump thread feeds the consumer driver's
+    /// lock-free ingest half, and the engine thread parks until it publishes a decision).
     #[arg(long = "no-pump-thread", action = clap::ArgAction::SetFalse)]
     pub pump_thread: bool,
 }

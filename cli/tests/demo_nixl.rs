@@ -133,3 +133,39 @@ fn demo_metrics_are_openmetrics_with_every_family() {
         200.0
     );
 }
+
+/// The summary splits notification → decision latency where it is spent: NIXL and the
+/// producers (offer → drained, estimated), the ingest half (drained → decided) and the
+/// hand-off to the engine thread (decided → pulled); without a pump thread there is no
+/// hand-off to show. Figures are the machine's: only their presence is checked.
+#[test]
+fn demo_summary_splits_the_latency() {
+    let row = |summary: &str, name: &str| -> String {
+        summary
+            .lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("no {name:?} row: {summary}"))
+            .to_owned()
+    };
+    let Some((threads, _)) = demo(&[]) else {
+        return;
+    };
+    for name in [
+        "offer → decision",
+        "post → decision",
+        "NIXL delivery",
+        "notification → decision",
+        "ingest half",
+        "hand-off",
+    ] {
+        let line = row(&threads, name);
+        assert!(line.contains("p50 "), "{line}");
+        assert!(name == "NIXL delivery" || line.contains("p99 "), "{line}");
+        assert!(line.contains(" µs"), "{line}");
+    }
+    let Some((one_loop, _)) = demo(&["--no-pump-thread"]) else {
+        return;
+    };
+    assert!(row(&one_loop, "hand-off").contains("(no pump thread)"));
+    assert!(row(&one_loop, "offer → decision").contains("p50 "));
+}

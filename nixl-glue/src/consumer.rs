@@ -9,11 +9,18 @@
 //! [`Consumer::with_pump_thread`] starts a pump thread that drains NIXL notifications into
 //! the driver's lock-free ingest half while the caller's thread is the engine thread
 //! ([`EngineSide`]: registrations, aborts, fences, clock, heartbeats, decisions) — the
-//! design the core was built and loom-checked for (`Ledger::split`).
+//! design the core was built and loom-checked for (`Ledger::split`). The pump wakes the
+//! engine thread (`Thread::unpark`) after every batch that decided a request, so an engine
+//! loop with nothing else to do waits in [`EngineSide::wait`] instead of spinning or
+//! sleeping, and pulls each decision as soon as it is published.
+//!
+//! Latency, per deciding notification: [`Consumer::ingest_latency`] (drained → decided in
+//! the ingest half), [`Consumer::handoff_latency`] (decided → pulled by the engine thread)
+//! and [`Consumer::latency`] (drained → pulled, the sum).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError, mpsc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kvdrain::{AbortError, BlockHandle, Noticed, Outstanding, Quarantined};
 use kvdrain_driver::consumer::{ConsumerDriver, ConsumerEngine, ConsumerEvent};
@@ -65,6 +72,7 @@ pub struct Consumer<const N: usize, const E: usize = 8> {
     epoch: Instant,
     latency: Latency,
     ingest_latency: Latency,
+    handoff_latency: Latency,
     // Last: dropped after everything that refers to its remote agents.
     agent: UcxAgent,
 }
@@ -77,6 +85,7 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
             epoch: Instant::now(),
             latency: Latency::default(),
             ingest_latency: Latency::default(),
+            handoff_latency: Latency::default(),
             agent,
         }
     }
@@ -173,16 +182,20 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
     /// Runs `body` as the engine thread while a pump thread drains NIXL notifications into
     /// the driver's ingest half (no lock between them); the pump stops when `body` returns
     /// (or panics). Notification → decision latency is measured from the pump's drain to
-    /// the engine thread taking the decision.
+    /// the engine thread taking the decision, and split at the decision point. After each
+    /// batch that decided a request the pump unparks the thread that called this (the
+    /// engine thread): [`EngineSide::wait`] returns.
     pub fn with_pump_thread<R>(&mut self, body: impl FnOnce(&mut EngineSide<'_, N, E>) -> R) -> R {
         let stop = AtomicBool::new(false);
         let pump_error = Mutex::new(None);
-        let (stamps_tx, stamps) = mpsc::channel::<Instant>();
+        let published = AtomicU64::new(0);
+        let (stamps_tx, stamps) = mpsc::channel::<Stamp>();
         let nixl = self.agent.agent();
         let name = self.agent.name();
+        let engine_thread = std::thread::current();
         let (mut ingest, engine) = self.driver.split();
         std::thread::scope(|s| {
-            let (stop, error) = (&stop, &pump_error);
+            let (stop, error, published) = (&stop, &pump_error, &published);
             let ingest_latency = &mut self.ingest_latency;
             s.spawn(move || {
                 while !stop.load(Ordering::Acquire) {
@@ -194,12 +207,19 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
                         }
                     };
                     let received = Instant::now();
+                    let mut decided_any = false;
                     for (sender, bytes) in &batch {
                         if let Ok(Noticed::Decided) = ingest.ingest(sender, bytes) {
-                            ingest_latency.record(received.elapsed());
+                            let decided = Instant::now();
+                            ingest_latency.record(decided.duration_since(received));
                             // The engine side is gone only after the pump stopped.
-                            let _ = stamps_tx.send(received);
+                            let _ = stamps_tx.send(Stamp { received, decided });
+                            decided_any = true;
                         }
+                    }
+                    if decided_any {
+                        published.fetch_add(1, Ordering::Release);
+                        engine_thread.unpark();
                     }
                     if batch.is_empty() {
                         std::thread::yield_now();
@@ -212,7 +232,10 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
                 agent: &self.agent,
                 epoch: self.epoch,
                 latency: &mut self.latency,
+                handoff_latency: &mut self.handoff_latency,
                 stamps,
+                published,
+                seen: 0,
                 pump_error: error,
             };
             let result = body(&mut side);
@@ -278,6 +301,19 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
     pub fn ingest_latency(&mut self) -> &mut Latency {
         &mut self.ingest_latency
     }
+
+    /// With a pump thread: decision point in the ingest half → decision pulled by the
+    /// engine thread, per deciding notice (the hand-off between the two threads).
+    pub fn handoff_latency(&mut self) -> &mut Latency {
+        &mut self.handoff_latency
+    }
+}
+
+/// When the pump drained a deciding notification and when the ingest half decided.
+#[derive(Clone, Copy, Debug)]
+struct Stamp {
+    received: Instant,
+    decided: Instant,
 }
 
 /// Stops the pump however the engine thread leaves the scope.
@@ -297,7 +333,12 @@ pub struct EngineSide<'a, const N: usize, const E: usize> {
     agent: &'a UcxAgent,
     epoch: Instant,
     latency: &'a mut Latency,
-    stamps: mpsc::Receiver<Instant>,
+    handoff_latency: &'a mut Latency,
+    stamps: mpsc::Receiver<Stamp>,
+    /// Batches the pump decided a request in (it unparks the engine thread after each).
+    published: &'a AtomicU64,
+    /// `published` as of the last [`poll`](EngineSide::poll).
+    seen: u64,
     pump_error: &'a Mutex<Option<AgentError>>,
 }
 
@@ -337,17 +378,37 @@ impl<const N: usize, const E: usize> EngineSide<'_, N, E> {
     /// One engine round: decisions the pump made ready (latency recorded), fences, clock,
     /// heartbeats; then the decisions go to `release`. Returns the decisions delivered.
     pub fn poll(&mut self, release: &mut impl BlockRelease) -> usize {
+        self.seen = self.published.load(Ordering::Acquire);
         let now = self.now_ms();
         let mut transport = NixlConsumerTransport {
             agent: self.agent,
             drain_error: None,
         };
         let taken = self.engine.poll(&mut transport, now);
-        let decided = Instant::now();
+        let pulled = Instant::now();
         for stamp in self.stamps.try_iter().take(taken) {
-            self.latency.record(decided.duration_since(stamp));
+            self.latency.record(pulled.duration_since(stamp.received));
+            self.handoff_latency
+                .record(pulled.duration_since(stamp.decided));
         }
         self.deliver(release)
+    }
+
+    /// Waits until the pump has published a decision since the last
+    /// [`poll`](Self::poll), or until `timeout` passed, or until another thread unparks
+    /// this one (a wake-up for other work): spins briefly, then parks. Call it from the
+    /// engine thread (the one that called [`Consumer::with_pump_thread`]) when a round
+    /// found nothing to do; a decision published between that round and this call is not
+    /// missed (the wake-up is a park token).
+    pub fn wait(&mut self, timeout: Duration) {
+        const SPINS: u32 = 64;
+        for _ in 0..SPINS {
+            if self.published.load(Ordering::Acquire) != self.seen {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        std::thread::park_timeout(timeout);
     }
 
     fn deliver(&mut self, release: &mut impl BlockRelease) -> usize {

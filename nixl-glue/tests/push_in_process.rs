@@ -220,7 +220,8 @@ fn tp2_to_tp1_with_a_pump_thread() {
                 inner: &mut e,
             };
             engine.poll(&mut check);
-            std::thread::sleep(Duration::from_micros(200));
+            // Returns early when the pump publishes a decision.
+            engine.wait(Duration::from_micros(200));
         }
     });
     let c = tb.d.consumer.core_counters();
@@ -235,6 +236,7 @@ fn tp2_to_tp1_with_a_pump_thread() {
     );
     assert_eq!(tb.d.consumer.latency().count(), 8);
     assert_eq!(tb.d.consumer.ingest_latency().count(), 8);
+    assert_eq!(tb.d.consumer.handoff_latency().count(), 8);
 }
 
 /// The three scenarios of vLLM PR #50754 (P TP2 → D TP1, D expects 2), ten times each, each

@@ -51,6 +51,15 @@ pub enum BenchCommand {
         after_help = "Example:\n  kvdrain bench c-api --inflight 4096 --edges 2 --notifications 2_000_000 --reps 11"
     )]
     CApi(CApiArgs),
+    /// Notification → decision latency (p50 … max, ns) through the two-thread consumer
+    /// (Ledger::split), on one thread, and a bare hand-off between the same two threads.
+    #[command(
+        after_help = "Prints one JSON line per path (one_thread, handoff, two_threads) and a \
+`split` line: how much of the two-thread latency is kvdrain's work and how much the hand-off.\n\n\
+Example:\n  kvdrain bench latency --requests 100_000 --rate 100_000 --batch 1\n  \
+kvdrain bench latency --rate 100_000 --batch 16   # NIXL handing notices over 16 at a time"
+    )]
+    Latency(LatencyArgs),
 }
 
 /// How requests wait for their notifications (`--mode`).
@@ -193,6 +202,32 @@ pub struct TickArgs {
     /// Repetitions.
     #[arg(long, value_name = "K", default_value_t = 11, value_parser = count)]
     pub reps: usize,
+}
+
+/// `bench latency`.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct LatencyArgs {
+    /// M: requests measured on each path.
+    #[arg(long, value_name = "M", default_value_t = 100_000, value_parser = count)]
+    pub requests: usize,
+    /// E: notices per request (counting mode); the last one is timed.
+    #[arg(long, value_name = "E", default_value_t = 2, value_parser = small_edges)]
+    pub edges: u8,
+    /// R: requests registered ahead (at most 4096).
+    #[arg(long, value_name = "R", default_value_t = 256, value_parser = count)]
+    pub inflight: usize,
+    /// Notices per second (0: flat out). The default, 100 000/s, is 50 000 requests/s
+    /// from TP=2 producers: above what one decode node takes, slow enough that each
+    /// decision is pulled before the next notice comes.
+    #[arg(long, value_name = "N", default_value_t = 100_000, value_parser = number)]
+    pub rate: u64,
+    /// Notices handed over at once, as NIXL's getNotifs returns what accumulated.
+    #[arg(long, value_name = "B", default_value_t = 1, value_parser = count)]
+    pub batch: usize,
+}
+
+fn small_edges(text: &str) -> Result<u8, String> {
+    edges(text).map(|e| e as u8)
 }
 
 /// An unsigned integer with optional `_` separators and `0x` prefix.

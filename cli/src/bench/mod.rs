@@ -9,6 +9,7 @@
 //! | `bench tick` | cost of one [`advance`](kvdrain::Ledger::advance) with many requests in flight and few expiring |
 //! | `bench memory` | `size_of` of the ledger and per tracked request |
 //! | `bench c-api` | ns per notification through the C ABI (`kvdrain-ffi`) next to the Rust API, and the ratio |
+//! | `bench latency` | notification → decision latency (p50 … max) through the two-thread consumer, on one thread, and a bare hand-off between the two threads |
 //! | `bench stream` | the message stream, one a line (to `cmp` against the Python generator) |
 //!
 //! Every command prints JSON lines. The message stream ([`stream`]) is byte-identical to
@@ -26,6 +27,7 @@ pub mod stream;
 
 mod c_api;
 mod compare;
+mod latency;
 mod memory;
 mod sweep;
 mod tick;
@@ -49,6 +51,7 @@ pub fn main(what: BenchCommand) -> ExitCode {
         BenchCommand::Memory => memory::main(),
         BenchCommand::Stream(a) => ingest::stream_main(&a),
         BenchCommand::CApi(a) => c_api::main(&a),
+        BenchCommand::Latency(a) => latency::main(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -36,6 +36,17 @@ pub struct Summary {
     /// With a pump thread: drain → the decision point in the ingest half (kvdrain's own
     /// part, before the hand-off to the engine thread); `None` without one.
     pub ingest_latency: Option<Percentiles>,
+    /// With a pump thread: the decision point in the ingest half → the engine thread
+    /// pulled the decision (the hand-off between the two threads); `None` without one.
+    pub handoff_latency: Option<Percentiles>,
+    /// The producers offered the request (prefill done, source blocks written) → its
+    /// decision was handed to the engine: the producers' tick, NIXL's write and
+    /// notification delivery, and kvdrain; `None` where not measured.
+    pub end_to_end: Option<Percentiles>,
+    /// The request's last write was posted → its decision was handed to the engine:
+    /// NIXL's write and notification delivery, the pump's drain, and kvdrain; `None`
+    /// where not measured.
+    pub post_to_decision: Option<Percentiles>,
     /// Wall time of the run.
     pub wall: Duration,
     /// The metrics exposition (OpenMetrics text; empty where the transport has none).
@@ -94,6 +105,21 @@ fn micros(d: Option<Duration>) -> String {
     )
 }
 
+fn quantiles(l: Percentiles) -> String {
+    format!(
+        "p50 {}   p99 {}   p99.9 {}   max {}",
+        micros(l.p50),
+        micros(l.p99),
+        micros(l.p999),
+        micros(l.max)
+    )
+}
+
+/// `a − b`, where both are known (the same quantile of two histograms: an estimate).
+fn minus(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    Some(a?.saturating_sub(b?))
+}
+
 fn per_sec(n: f64, wall: Duration) -> f64 {
     n / wall.as_secs_f64().max(1e-9)
 }
@@ -101,7 +127,7 @@ fn per_sec(n: f64, wall: Duration) -> f64 {
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let notices = (self.completions + self.failure_notices) as f64;
-        let rows: [(&str, String); 12] = [
+        let rows: [(&str, String); 16] = [
             ("transport", self.transport.clone()),
             ("requests", self.requests.to_string()),
             ("completed", format!("{} (bytes checked)", self.completed)),
@@ -122,25 +148,45 @@ impl fmt::Display for Summary {
                 format!("{:.1} MiB", self.bytes as f64 / (1 << 20) as f64),
             ),
             (
-                "notification → decision",
-                format!(
-                    "p50 {}   p99 {}   p99.9 {}   max {}",
-                    micros(self.latency.p50),
-                    micros(self.latency.p99),
-                    micros(self.latency.p999),
-                    micros(self.latency.max)
-                ),
+                "offer → decision",
+                match self.end_to_end {
+                    Some(l) => format!("{} (end to end)", quantiles(l)),
+                    None => "(not measured)".to_owned(),
+                },
             ),
             (
-                "  of which ingest half",
-                match self.ingest_latency {
+                "post → decision",
+                match self.post_to_decision {
+                    Some(l) => format!("{} (last write posted → pulled)", quantiles(l)),
+                    None => "(not measured)".to_owned(),
+                },
+            ),
+            (
+                "  NIXL delivery",
+                match self.post_to_decision {
+                    // Two histograms: only the medians subtract to a fair estimate.
                     Some(l) => format!(
-                        "p50 {}   p99 {}   p99.9 {}   max {} (drain → decision point, pump thread)",
-                        micros(l.p50),
-                        micros(l.p99),
-                        micros(l.p999),
-                        micros(l.max)
+                        "≈ p50 {} (post → decision − notification → decision, medians)",
+                        micros(minus(l.p50, self.latency.p50)),
                     ),
+                    None => "-".to_owned(),
+                },
+            ),
+            (
+                "notification → decision",
+                format!("{} (drained → pulled)", quantiles(self.latency)),
+            ),
+            (
+                "  ingest half",
+                match self.ingest_latency {
+                    Some(l) => format!("{} (drained → decided, pump thread)", quantiles(l)),
+                    None => "(no pump thread)".to_owned(),
+                },
+            ),
+            (
+                "  hand-off",
+                match self.handoff_latency {
+                    Some(l) => format!("{} (decided → pulled, engine thread)", quantiles(l)),
                     None => "(no pump thread)".to_owned(),
                 },
             ),
