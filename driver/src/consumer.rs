@@ -14,8 +14,9 @@
 //!   edge.
 //! * **Registration**: the edges of this rank come from the producer engine's topology
 //!   ([`Topology::producers_of`]); named edges when every producer is named and they fit
-//!   `E`, vLLM's count (`pp × max(1, P_tp / D_tp)`) otherwise. The request is tracked in the
-//!   core **before** `PUSH_REG` goes out, so no completion can beat its state.
+//!   `E`, vLLM's count (`pp × max(1, P_tp / D_tp)`) otherwise or when the caller asks for it
+//!   ([`EdgeMode::Count`]). The request is tracked in the core **before** `PUSH_REG` goes
+//!   out, so no completion can beat its state.
 //! * **Heartbeats** carry P's request ids (`remote_request_id`), grouped per producer
 //!   engine, every `lease_ms / 6`, from registration until the decision (F9).
 //! * **Fences**: an agent the transport reports gone, or whose send failed with
@@ -23,7 +24,8 @@
 //!   edges resolve as failed.
 //!
 //! Drive it with [`ConsumerDriver::poll`] (transport and monotonic time in), then take
-//! [`ConsumerDriver::poll_event`] until `None`.
+//! [`ConsumerDriver::poll_event`] until `None`; [`ConsumerDriver::next_wakeup_ms`] says
+//! when the next poll has work if no notification comes first.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
