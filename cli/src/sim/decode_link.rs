@@ -99,6 +99,10 @@ pub struct DecodeLink<'w> {
     pub inbox: &'w mut Vec<Notification>,
     /// Producer agents this rank's transport saw gone.
     pub gone: &'w mut VecDeque<String>,
+    /// The request a `register` call is for, set by the event loop around it: the
+    /// `PUSH_REG`s it sends take that request's paths without decoding the msgpack again
+    /// (`None`: decoded).
+    pub registering: Option<u64>,
     /// Messages sent during the call.
     pub sent: Vec<ToProducer>,
 }
@@ -110,9 +114,11 @@ impl DecodeLink<'_> {
         let latency = self.rng.between(0, REG_LATENCY);
         match wire::parse(bytes) {
             Ok(Message::Registration(payload)) => {
-                let req = PushRegistration::from_msgpack(payload)
-                    .ok()
-                    .and_then(|r| request_number(&r.request_id));
+                let req = self.registering.or_else(|| {
+                    PushRegistration::from_msgpack(payload)
+                        .ok()
+                        .and_then(|r| request_number(&r.request_id))
+                });
                 let paths = req.and_then(|req| self.paths.get(&req));
                 if paths.is_some_and(|p| p.missed == Some(rank)) {
                     return None;

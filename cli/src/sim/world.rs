@@ -635,6 +635,7 @@ impl World {
             paths: &self.paths,
             inbox: &mut rank.inbox,
             gone: &mut rank.gone,
+            registering: None,
             sent: Vec::new(),
         };
         (&mut rank.driver, link)
@@ -648,7 +649,9 @@ impl World {
         mode: EdgeMode,
     ) -> Result<(), ConsumerError> {
         let now = self.now;
+        let req = request_number(request.id);
         let (driver, mut link) = self.decode_rank(d);
+        link.registering = req;
         let registered = driver.register_with(&mut link, request, mode, now);
         let sent = link.sent;
         self.schedule_sent(d, sent);
