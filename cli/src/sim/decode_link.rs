@@ -190,3 +190,94 @@ impl Transport for DecodeLink<'_> {
         self.gone.pop_front().map(GonePeer::Agent)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::cluster::Shape;
+
+    fn registration(id: &str) -> Vec<u8> {
+        PushRegistration {
+            request_id: id.to_owned(),
+            decode_engine_id: "d".to_owned(),
+            decode_host: "sim".to_owned(),
+            decode_port: 0,
+            decode_tp_size: 1,
+            local_block_ids: vec![Vec::new()],
+            remote_engine_id: "p0".to_owned(),
+            remote_host: "sim".to_owned(),
+            remote_port: 0,
+            remote_tp_size: 2,
+            remote_pp_size: 1,
+            transfer_id: None,
+        }
+        .to_notification()
+    }
+
+    /// The request's paths decide what reaches each rank: the missed rank hears nothing of
+    /// it, the slow one hears its `PUSH_REG` late and its heartbeats never; other requests
+    /// and ranks are untouched; gone peers and deliveries pass through.
+    #[test]
+    fn paths_drop_delay_and_strip_per_request_and_rank() {
+        let mut rng = Rng::new(1);
+        let shape = Shape::Fixed {
+            p_tp: 3,
+            p_pp: 1,
+            d_tp: 1,
+        };
+        let cluster = Cluster::new(shape, &mut rng).expect("valid");
+        let paths = BTreeMap::from([(
+            5,
+            RequestPaths {
+                missed: Some(0),
+                slow: vec![(1, 200)],
+            },
+        )]);
+        let (mut inbox, mut gone) = (Vec::new(), VecDeque::from(["agent-0".to_owned()]));
+        let mut link = DecodeLink {
+            now: 10,
+            rng: &mut rng,
+            cluster: &cluster,
+            paths: &paths,
+            inbox: &mut inbox,
+            gone: &mut gone,
+            registering: None,
+            sent: Vec::new(),
+        };
+        let name = |rank: usize| Cluster::agent_name(cluster.ranks[rank].agent);
+        for rank in 0..3 {
+            link.send_notification(Peer::Agent(&name(rank)), &registration("req-5"))
+                .expect("sent");
+        }
+        let reached: Vec<(usize, Millis)> = link.sent.iter().map(|m| (m.rank, m.at)).collect();
+        assert_eq!(reached.len(), 2, "rank 0 is missed: {reached:?}");
+        assert_eq!(reached[0], (1, 210), "rank 1's path is slow");
+        assert_eq!(reached[1].0, 2);
+        assert!(reached[1].1 <= 10 + REG_LATENCY);
+        link.sent.clear();
+        let hb = b"HB:req-5-0000abcd,req-6-0000abcd";
+        for rank in 1..3 {
+            link.send_notification(Peer::Agent(&name(rank)), hb)
+                .expect("sent");
+        }
+        assert_eq!(
+            link.sent[0].bytes, b"HB:req-6-0000abcd",
+            "request 5 stripped"
+        );
+        assert_eq!(link.sent[1].bytes, hb, "rank 2 hears both");
+        assert_eq!(
+            link.peer_gone(),
+            Some(GonePeer::Agent("agent-0".to_owned()))
+        );
+        assert_eq!(link.peer_gone(), None);
+        link.inbox.push(("agent-2".to_owned(), b"x".to_vec()));
+        let mut out = Vec::new();
+        link.drain_notifications(&mut out).expect("drained");
+        assert_eq!(out, [("agent-2".to_owned(), b"x".to_vec())]);
+        assert!(link.inbox.is_empty());
+        assert_eq!(
+            link.send_notification(Peer::Agent("stranger"), hb),
+            Err(SendError::Unreachable)
+        );
+    }
+}
