@@ -14,8 +14,9 @@
 //!   edge.
 //! * **Registration**: the edges of this rank come from the producer engine's topology
 //!   ([`Topology::producers_of`]); named edges when every producer is named and they fit
-//!   `E`, vLLM's count (`pp × max(1, P_tp / D_tp)`) otherwise. The request is tracked in the
-//!   core **before** `PUSH_REG` goes out, so no completion can beat its state.
+//!   `E`, vLLM's count (`pp × max(1, P_tp / D_tp)`) otherwise or when the caller asks for it
+//!   ([`EdgeMode::Count`]). The request is tracked in the core **before** `PUSH_REG` goes
+//!   out, so no completion can beat its state.
 //! * **Heartbeats** carry P's request ids (`remote_request_id`), grouped per producer
 //!   engine, every `lease_ms / 6`, from registration until the decision (F9).
 //! * **Fences**: an agent the transport reports gone, or whose send failed with
@@ -23,9 +24,10 @@
 //!   edges resolve as failed.
 //!
 //! Drive it with [`ConsumerDriver::poll`] (transport and monotonic time in), then take
-//! [`ConsumerDriver::poll_event`] until `None`.
+//! [`ConsumerDriver::poll_event`] until `None`; [`ConsumerDriver::next_wakeup_ms`] says
+//! when the next poll has work if no notification comes first.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use kvdrain::producer::{Topology, TopologyError};
@@ -164,6 +166,19 @@ pub struct PushRequest<'a> {
     pub deadline_ms: Option<u64>,
 }
 
+/// How a registration's edges are counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EdgeMode {
+    /// Named edges when every producer of the rank is named and they fit `E`; vLLM's
+    /// count otherwise (the default: [`ConsumerDriver::register`]).
+    #[default]
+    Named,
+    /// vLLM's count (`pp × max(1, P_tp / D_tp)`) even when every producer is named: for
+    /// a deployment that wants vLLM's semantics exactly, and for the simulator, which
+    /// exercises both modes.
+    Count,
+}
+
 /// A registration that is being tracked.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Registered {
@@ -234,6 +249,8 @@ pub struct ConsumerCounters {
     pub disconnects: u64,
     /// Producers fenced (disconnects and explicit fences).
     pub fences: u64,
+    /// Named edges those fences resolved.
+    pub fenced_edges: u64,
 }
 
 #[derive(Debug)]
@@ -415,6 +432,21 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         self.engine().register(transport, request, now_ms)
     }
 
+    /// [`ConsumerEngine::register_with`] on one thread.
+    ///
+    /// # Errors
+    /// As [`ConsumerEngine::register`].
+    pub fn register_with<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        request: PushRequest<'_>,
+        mode: EdgeMode,
+        now_ms: u64,
+    ) -> Result<Registered, ConsumerError> {
+        self.engine()
+            .register_with(transport, request, mode, now_ms)
+    }
+
     /// [`ConsumerEngine::abort`] on one thread.
     ///
     /// # Errors
@@ -452,13 +484,29 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         transport: &mut T,
         now_ms: u64,
     ) -> Result<PollReport, DrainError> {
+        // Ignored input is counted by the core.
+        self.poll_observed(transport, now_ms, |_, _, _| {})
+    }
+
+    /// [`poll`](Self::poll), showing `observe` each drained notification with its sender
+    /// and what the core made of it, in the order they were ingested (for a harness
+    /// that checks every input, or a log).
+    ///
+    /// # Errors
+    /// As [`poll`](Self::poll).
+    pub fn poll_observed<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        now_ms: u64,
+        mut observe: impl for<'m> FnMut(&str, &'m [u8], Result<Noticed, Ignored<'m>>),
+    ) -> Result<PollReport, DrainError> {
         let before = self.state.events.len();
         let mut inbox = std::mem::take(&mut self.inbox);
         inbox.clear();
         let drained = transport.drain_notifications(&mut inbox);
         for (sender, bytes) in &inbox {
-            // Ignored input is counted by the core.
-            let _ = self.ingest(sender, bytes);
+            let noticed = self.ingest(sender, bytes);
+            observe(sender, bytes, noticed);
         }
         let notifications = inbox.len();
         inbox.clear();
@@ -484,6 +532,30 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     /// Decisions queued and not yet taken.
     pub fn pending_events(&self) -> usize {
         self.state.events.len()
+    }
+
+    /// The earliest monotonic time at which [`poll`](Self::poll) has work that no new
+    /// input brings: a disconnected producer's fence falls due, a heartbeat round is due
+    /// (while any request is tracked), or a core deadline, quarantine or settling ends.
+    /// `None` when only new input can change anything. An engine loop (or a simulator)
+    /// may sleep until then or the next notification, whichever comes first.
+    pub fn next_wakeup_ms(&self) -> Option<u64> {
+        let st = &self.state;
+        let fence = st.to_fence.iter().map(|&(_, at)| at).min();
+        let heartbeat = (!st.inflight.is_empty()).then(|| {
+            st.last_heartbeat_ms
+                .saturating_add(self.heartbeat_interval_ms())
+        });
+        [fence, heartbeat, self.ledger.next_timer()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Whether the core's table is full: a registration now would be refused
+    /// ([`RegisterErrorKind::Full`]).
+    pub fn is_full(&self) -> bool {
+        self.ledger.is_full()
     }
 
     /// The next decision for the engine.
@@ -524,6 +596,20 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         request: PushRequest<'_>,
         now_ms: u64,
     ) -> Result<Registered, ConsumerError> {
+        self.register_with(transport, request, EdgeMode::Named, now_ms)
+    }
+
+    /// [`register`](Self::register), counting the edges as `mode` says.
+    ///
+    /// # Errors
+    /// As [`register`](Self::register).
+    pub fn register_with<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        request: PushRequest<'_>,
+        mode: EdgeMode,
+        now_ms: u64,
+    ) -> Result<Registered, ConsumerError> {
         let _span = tracing::debug_span!("register", req = request.id).entered();
         let st = &mut *self.state;
         st.now = st.now.max(now_ms);
@@ -560,7 +646,8 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
             .collect();
         let expected = topology.expected_per_consumer_rank();
         // Named edges when every producer is named and they fit; vLLM's counting otherwise.
-        let expect = if ids.len() <= E
+        let expect = if mode == EdgeMode::Named
+            && ids.len() <= E
             && ids.len() as u32 == expected
             && !ids.contains(&AgentDirectory::STRANGER)
         {
@@ -665,6 +752,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         self.state.counters.fences += 1;
         let mut decisions = std::mem::take(&mut self.state.scratch);
         let resolved = self.engine.fence(id, |d| decisions.push(d));
+        self.state.counters.fenced_edges += u64::from(resolved);
         for d in decisions.drain(..) {
             self.state.queue(d);
         }
@@ -750,7 +838,8 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     /// `HB:` with P's request ids still waiting, per producer engine, to each of its agents.
     fn heartbeat<T: Transport>(&mut self, transport: &mut T) {
         let st = &*self.state;
-        let mut per_engine: HashMap<&str, Vec<&str>> = HashMap::new();
+        // Engines in name order: the sends go out in the same order on every run.
+        let mut per_engine: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for f in st.inflight.values().filter(|f| f.heartbeat) {
             let id = f.request.remote_request_id.as_str();
             if !id.is_empty() && !id.contains(',') {
@@ -761,10 +850,12 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
             }
         }
         let mut sends = Vec::new();
-        for (engine, ids) in per_engine {
+        for (engine, mut ids) in per_engine {
             let Some(engine) = st.engines.get(engine) else {
                 continue;
             };
+            // The same bytes for the same requests, whatever the table's order.
+            ids.sort_unstable();
             let len = 3 + ids.iter().map(|i| i.len() + 1).sum::<usize>();
             let mut buf = vec![0; len];
             let Ok(n) = kvdrain::wire::encode_heartbeat(ids.iter().copied(), &mut buf) else {

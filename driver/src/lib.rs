@@ -34,10 +34,14 @@
 //! Consumer rank ([`consumer::ConsumerDriver`]):
 //! 1. [`add_producer_engine`](consumer::ConsumerDriver::add_producer_engine) with the agent
 //!    names the transport loaded;
-//! 2. [`register`](consumer::ConsumerDriver::register) each request to be pushed into;
+//! 2. [`register`](consumer::ConsumerDriver::register) each request to be pushed into
+//!    ([`register_with`](consumer::ConsumerDriver::register_with) to ask for vLLM's
+//!    count instead of named edges);
 //! 3. call [`poll`](consumer::ConsumerDriver::poll) on every scheduler step (or
 //!    [`ingest`](consumer::ConsumerDriver::ingest) each notification yourself and
-//!    [`advance`](consumer::ConsumerDriver::advance) the clock);
+//!    [`advance`](consumer::ConsumerDriver::advance) the clock); between steps, nothing is
+//!    due before [`next_wakeup_ms`](consumer::ConsumerDriver::next_wakeup_ms) unless a
+//!    notification arrives;
 //! 4. take [`poll_event`](consumer::ConsumerDriver::poll_event) until `None`: decode, fail,
 //!    or reuse blocks;
 //! 5. [`abort`](consumer::ConsumerDriver::abort) on client cancel;

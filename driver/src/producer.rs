@@ -206,6 +206,18 @@ struct Push<W> {
     released: bool,
 }
 
+/// The consumer registration a retired request was pushed or failed for: D's engine id
+/// and D's request id. Every rank of that consumer sends its own copy of `PUSH_REG` (F11);
+/// a copy that comes after the request retired was answered already (the plan covered every
+/// rank this producer writes) and is a duplicate, not a late registration owed failure
+/// notices (F4): answering it again would repeat a notice per edge, which counting mode
+/// cannot tell from a sibling's and which would fail a request whose data landed.
+type Answered = (String, String);
+
+fn answered(reg: &PushRegistration) -> Answered {
+    (reg.decode_engine_id.clone(), reg.request_id.clone())
+}
+
 /// The producer driver of one P rank. `W`: the transport's write handle.
 pub struct ProducerDriver<W> {
     config: ProducerConfig,
@@ -215,7 +227,8 @@ pub struct ProducerDriver<W> {
     /// `active` finds them by a registration's keys.
     pushes: BTreeMap<String, Push<W>>,
     active: PairingTable<()>,
-    retired: PairingTable<()>,
+    /// Retired requests, each with the consumer registration it was answered for, if any.
+    retired: PairingTable<Option<Answered>>,
     retired_order: VecDeque<String>,
     /// Posted writes per consumer rank that are neither `Success` nor a backend error.
     unfinished: HashMap<(String, u16), u32>,
@@ -357,7 +370,11 @@ impl<W> ProducerDriver<W> {
     /// registration arriving later is answered with failure notices (F4).
     pub fn retire(&mut self, request_id: &str) {
         let keys = PairingKeys::new(request_id, None);
-        self.remember_retired(keys.clone());
+        let pushed_for = self
+            .pushes
+            .get(request_id)
+            .map(|p| answered(&p.registration));
+        self.remember_retired(keys.clone(), pushed_for);
         if let Some(push) = self.pushes.get_mut(request_id) {
             push.plan.retire();
         } else if self.offers.remove(request_id).is_some() {
@@ -404,7 +421,7 @@ impl<W> ProducerDriver<W> {
             if push.lease_until <= self.now && push.source.is_some() && !push.plan_retired() {
                 self.counters.leases_expired += 1;
                 push.plan.retire();
-                self.remember_retired(push.keys.clone());
+                self.remember_retired(push.keys.clone(), Some(answered(&push.registration)));
             }
             if !push.started {
                 push.started = true;
@@ -437,7 +454,13 @@ impl<W> ProducerDriver<W> {
         for key in done {
             if let Some(push) = pushes.remove(&key) {
                 self.active.remove(&key);
-                self.remember_retired(push.keys);
+                // Moved, not copied: the push is over.
+                let PushRegistration {
+                    decode_engine_id,
+                    request_id,
+                    ..
+                } = push.registration;
+                self.remember_retired(push.keys, Some((decode_engine_id, request_id)));
             }
         }
         self.pushes = pushes;
@@ -453,8 +476,13 @@ impl<W> ProducerDriver<W> {
         });
     }
 
-    fn remember_retired(&mut self, keys: PairingKeys) {
-        if self.retired.contains(&keys.id) {
+    /// Remembers `keys` as retired; `pushed_for`: the registration it was answered for
+    /// (kept when it is remembered again with one).
+    fn remember_retired(&mut self, keys: PairingKeys, pushed_for: Option<Answered>) {
+        if let Some(held) = self.retired.get_mut_exact(&keys.id) {
+            if pushed_for.is_some() {
+                *held = pushed_for;
+            }
             return;
         }
         while self.retired.len() >= self.config.retired_capacity {
@@ -467,7 +495,7 @@ impl<W> ProducerDriver<W> {
         }
         self.retired_order.push_back(keys.id.clone());
         // Room was made above.
-        let _ = self.retired.insert(keys, ());
+        let _ = self.retired.insert(keys, pushed_for);
     }
 
     fn plan_step(&mut self, step: Result<(), PlanError>) {
@@ -504,7 +532,7 @@ impl<W> ProducerDriver<W> {
             if let Some((keys, _)) = self.offers.remove(&id) {
                 self.counters.leases_expired += 1;
                 self.release_source(&id);
-                self.remember_retired(keys);
+                self.remember_retired(keys, None);
             }
         }
     }
@@ -549,7 +577,12 @@ impl<W> ProducerDriver<W> {
         } else if let Some((p_keys, entry)) = self.offers.take(&keys) {
             self.begin(p_keys, reg, Some(entry));
         } else if let Some(p_id) = self.retired.find(&keys).map(str::to_owned) {
-            if self.pushes.contains_key(&p_id) {
+            let copy = self.retired.get(&keys).is_some_and(|a| {
+                a.as_ref().is_some_and(|(engine, id)| {
+                    *engine == reg.decode_engine_id && *id == reg.request_id
+                })
+            });
+            if copy || self.pushes.contains_key(&p_id) {
                 self.counters.registrations_duplicate += 1;
                 return;
             }
@@ -573,7 +606,8 @@ impl<W> ProducerDriver<W> {
             if entry.is_some() {
                 self.release_source(&keys.id);
             }
-            self.remember_retired(keys);
+            let pushed_for = (reg.decode_engine_id, reg.request_id);
+            self.remember_retired(keys, Some(pushed_for));
             return;
         };
         let (source, lease_until) = match entry {

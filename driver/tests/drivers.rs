@@ -1,11 +1,13 @@
 //! Both drivers end to end over the in-process transport: one test per protocol rule.
 
-use kvdrain::{BlockHandle, Config};
+use kvdrain::{BlockHandle, Config, Outstanding};
 use kvdrain_driver::consumer::{
-    ConsumerConfig, ConsumerDriver, ConsumerEvent, ProducerEngine, PushRequest, Registered,
+    ConsumerConfig, ConsumerDriver, ConsumerEvent, EdgeMode, ProducerEngine, PushRequest,
+    Registered,
 };
 use kvdrain_driver::memory::{MemoryFabric, MemoryTransport, MemoryWrite, WriteFault};
 use kvdrain_driver::producer::{Offer, ProducerConfig, ProducerDriver, ProducerEvent};
+use kvdrain_driver::registration::PushRegistration;
 
 const P_ENGINE: &str = "engine-p";
 const D_ENGINE: &str = "engine-d";
@@ -323,6 +325,91 @@ fn f4_registration_for_a_retired_request_is_answered_with_push_fail() {
         );
     }
     assert!(c.fabric.take_landed().is_empty());
+}
+
+/// F11: every rank of a consumer sends its own `PUSH_REG`. A copy that reaches a producer
+/// after the request was pushed and retired there was answered already: it is a duplicate,
+/// not a late registration owed a `PUSH_FAIL` per edge (which counting mode would count as
+/// siblings' notices).
+#[test]
+fn f11_a_late_copy_of_an_answered_registration_is_a_duplicate_not_f4() {
+    let mut c = cluster(2, 30_000, &[]);
+    c.offer("r", None);
+    c.register("r", "r", None);
+    c.run_until(10, |c| !c.d_events.is_empty());
+    c.run(3);
+    assert_eq!(c.d_kinds(), ["decode"]);
+    assert_eq!((c.released(0, "r"), c.released(1, "r")), (1, 1));
+    let copy = PushRegistration {
+        request_id: "r".into(),
+        decode_engine_id: D_ENGINE.into(),
+        decode_host: "127.0.0.1".into(),
+        decode_port: 1,
+        decode_tp_size: 1,
+        local_block_ids: vec![vec![10, 11]],
+        remote_engine_id: P_ENGINE.into(),
+        remote_host: "127.0.0.1".into(),
+        remote_port: 2,
+        remote_tp_size: 2,
+        remote_pp_size: 1,
+        transfer_id: None,
+    }
+    .to_notification();
+    let heard = c.d.counters().notifications;
+    for r in 0..2 {
+        c.fabric.inject("d1", &format!("p{r}"), &copy);
+    }
+    c.run(5);
+    for (p, _) in &c.p {
+        let k = p.counters();
+        assert_eq!(
+            (
+                k.registrations_duplicate,
+                k.registrations_retired,
+                k.notices_sent
+            ),
+            (1, 0, 0),
+            "{k:?}"
+        );
+    }
+    assert_eq!(
+        c.d.counters().notifications,
+        heard,
+        "nothing more reached D"
+    );
+}
+
+/// `EdgeMode::Count` asks for vLLM's count although every producer is named; and
+/// `next_wakeup_ms` names the next heartbeat, then the deadline once nothing else is due.
+#[test]
+fn count_mode_on_request_and_the_next_wakeup() {
+    let mut c = cluster(2, 600, &[]);
+    assert_eq!(c.d.next_wakeup_ms(), None, "nothing tracked, nothing due");
+    c.d.register_with(
+        &mut c.dt,
+        PushRequest {
+            id: "r",
+            producer_engine: P_ENGINE,
+            remote_request_id: "r",
+            transfer_id: None,
+            blocks: BlockHandle(7),
+            block_ids: vec![vec![10, 11]],
+            deadline_ms: Some(250),
+        },
+        EdgeMode::Count,
+        c.now,
+    )
+    .expect("register");
+    // Heartbeats every 600 / 6 = 100 ms from the last round (at 0), before the deadline.
+    assert_eq!(c.d.next_wakeup_ms(), Some(100));
+    c.run_until(400, |c| !c.d_events.is_empty());
+    assert_eq!(c.now, 250, "decided by the poll at its deadline");
+    match &c.d_events[..] {
+        [ConsumerEvent::Expired { outstanding, .. }] => {
+            assert_eq!(*outstanding, Outstanding::Count(2));
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

@@ -103,10 +103,10 @@ impl Cluster {
                 .validate()
                 .map_err(|e| format!("topology {topology:?}: {e}"))?;
             let edges = topology.expected_per_consumer_rank();
-            if edges as usize > super::consumer::EDGES {
+            if edges as usize > super::decode::EDGES {
                 return Err(format!(
                     "topology {topology:?}: {edges} edges per decode rank, at most {}",
-                    super::consumer::EDGES
+                    super::decode::EDGES
                 ));
             }
             let engine = cluster.engines.len();
@@ -163,6 +163,23 @@ impl Cluster {
 
     /// An agent that is no producer's.
     pub const STRANGER: AgentId = AgentId(u16::MAX);
+
+    /// The NIXL agent name of `agent`: what the decode ranks' drivers know it by, and the
+    /// sender name its notifications carry.
+    pub fn agent_name(agent: AgentId) -> String {
+        format!("agent-{}", agent.0)
+    }
+
+    /// The agent `name` stands for, if it is an agent name at all.
+    pub fn agent_named(name: &str) -> Option<AgentId> {
+        name.strip_prefix("agent-")?.parse().ok().map(AgentId)
+    }
+
+    /// The rank `agent` is the current incarnation of (alive or not); `None` for an
+    /// incarnation that was replaced, or a stranger.
+    pub fn rank_running(&self, agent: AgentId) -> Option<usize> {
+        self.ranks.iter().position(|r| r.agent == agent)
+    }
 
     /// `p_tp/p_pp/d_tp` of each engine, for the report.
     pub fn describe(&self) -> String {

@@ -8,8 +8,12 @@
 //! * **Real code**: producer ranks run the shared producer driver
 //!   ([`kvdrain_driver::producer::ProducerDriver`]: pairing by base id, leases, retired ids,
 //!   [`kvdrain::producer::PushPlan`], owed notices, source release) over the virtual network
-//!   ([`link`]); decode ranks drive [`kvdrain::Ledger`]; they exchange vLLM-format
-//!   notification bytes ([`kvdrain::wire`], `PUSH_REG` msgpack included).
+//!   ([`link`]); decode ranks run the shared consumer driver
+//!   ([`kvdrain_driver::consumer::ConsumerDriver`]: agent directory, registration, the
+//!   heartbeat schedule, fences `settle_ms` after a producer is seen gone, decisions) over
+//!   their own view of it ([`decode_link`]), as one thin adapter per rank ([`decode`]);
+//!   they exchange vLLM-format notification bytes ([`kvdrain::wire`], `PUSH_REG` msgpack
+//!   and `HB:` included).
 //! * **Checked directly**: a memory model ([`memory`]) records, per block, who owns it
 //!   and how many WRITEs into it may still land, so a release or reuse while a write may
 //!   land is seen when it happens; a `completed` is checked against the edges that really
@@ -27,7 +31,8 @@
 
 mod args;
 pub mod cluster;
-pub mod consumer;
+pub mod decode;
+pub mod decode_link;
 pub mod faults;
 pub mod link;
 pub mod memory;

@@ -5,8 +5,11 @@
 //! reaches the producer, which is at most [`REG_LATENCY`] after it was sent) and is
 //! terminal at most [`WRITE_MAX`] later; the consumer's quarantine ([`QUARANTINE`]) starts
 //! at the abort or the deadline, never before the registration, and is longer than
-//! `REG_LATENCY + LEASE + WRITE_MAX`. A forced release therefore never frees a block a
-//! WRITE may still land in — and if the tracker forced it earlier, the model would say so.
+//! `REG_LATENCY + LEASE + WRITE_MAX`. Heartbeats renew the lease only until the decode
+//! rank's decision or abort (F9), so the last renewal ends `LEASE · 2/3` after a heartbeat
+//! sent before the quarantine started (checked below). A forced release therefore never
+//! frees a block a WRITE may still land in — and if the tracker forced it earlier, the
+//! model would say so.
 
 use kvdrain::Millis;
 
@@ -30,8 +33,9 @@ pub const NOTIFY_LATENCY: Millis = 3;
 pub const REORDER: (Millis, Millis) = (5, 40);
 /// A duplicate's delay after the original.
 pub const DUPLICATE: (Millis, Millis) = (1, 60);
-/// The producer's hold on a request (no heartbeats in the simulation: the lease is not
-/// renewed).
+/// The producer's hold on a request from its offer; each decode rank's heartbeats (every
+/// `LEASE / 6`, until its decision) push it to `LEASE · 2/3` after they arrive. A slow path
+/// loses the request's heartbeats, so its lease there is never renewed.
 pub const LEASE: Millis = 200;
 /// How long a producer remembers a request that ended there, refusing late posts (F4;
 /// vLLM keeps retired ids 300 s).
@@ -65,6 +69,10 @@ pub const SETTLE: Millis = 100;
 pub const DECODE: (Millis, Millis) = (5, 50);
 
 const _: () = assert!(QUARANTINE > REG_LATENCY + LEASE + WRITE_MAX);
+// Heartbeats stop at the decision or abort, where the quarantine starts: the last one
+// extends the lease at most REG_LATENCY + LEASE·2/3 past it, and a WRITE posted before
+// that ends WRITE_MAX later (plus LATE_LANDING for an errored one).
+const _: () = assert!(QUARANTINE > REG_LATENCY + LEASE * 2 / 3 + WRITE_MAX + LATE_LANDING);
 const _: () = assert!(SETTLE > WRITE_MAX);
 const _: () = assert!(SETTLE > LATE_LANDING + NOTIFY_LATENCY + REORDER.1);
 // A dead producer's last bytes land at most LATE_LANDING after its death; its fence comes

@@ -1,19 +1,25 @@
 //! The simulated cluster and its event loop: producers push requests to consumers through
 //! the real code (the shared producer driver on each producer rank, pairing, leases, retired
-//! ids and plans included; the `Ledger` on each decode rank), faults are injected, and every
-//! invariant is checked at the step that could break it.
+//! ids and plans included; the shared consumer driver on each decode rank, directory,
+//! registration, heartbeats and fences included), faults are injected, and every invariant
+//! is checked at the step that could break it.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use kvdrain::{AgentId, Config, Expect, IgnoreReason, Millis, Outstanding, RegisterErrorKind};
+use kvdrain::wire::{self, Message};
+use kvdrain::{AgentId, BlockHandle, Config, IgnoreReason, Millis, Noticed, Outstanding};
+use kvdrain::{RegisterErrorKind, producer::Topology};
+use kvdrain_driver::consumer::{
+    ConsumerConfig, ConsumerDriver, ConsumerError, EdgeMode, ProducerEngine, PushRequest,
+};
 use kvdrain_driver::producer::{
     Offer, ProducerConfig, ProducerDriver, ProducerEvent, notice_bytes,
 };
-use kvdrain_driver::registration::PushRegistration;
 use kvdrain_driver::transport::{Notification, WriteStatus};
 
 use super::cluster::Cluster;
-use super::consumer::{Consumer, Step};
+use super::decode::{DecodeRank, EDGES, SLOTS, Step};
+use super::decode_link::{DecodeLink, RequestPaths, ToProducer};
 use super::faults::{Faults, Rates};
 use super::link::{PostedWrite, SimLink, SimWrite, request_number};
 use super::memory::Breach;
@@ -50,8 +56,9 @@ enum Should {
 enum Event {
     /// The next client request arrives at the decode engine.
     Arrive,
-    /// `PUSH_REG` reaches a producer rank.
-    Registration {
+    /// A decode rank's `PUSH_REG` or `HB:` reaches a producer rank (sent to `agent`).
+    ToProducer {
+        from: usize,
         rank: usize,
         agent: AgentId,
         bytes: Vec<u8>,
@@ -84,9 +91,6 @@ enum Event {
     Death { rank: usize },
     /// The transport sees the dead agent gone (peer gone); its replacement comes up.
     DeathSeen { rank: usize, agent: AgentId },
-    /// `settle_ms` after its death was seen, the consumers fence the dead agent: bytes it
-    /// had in flight may land until then (the consumer driver's rule, issue 9).
-    Fence { agent: AgentId },
     /// The replacement of an unfenced dead agent comes up.
     Rediscover { rank: usize },
     /// Decoding ends: the blocks of a completed request go back.
@@ -107,7 +111,9 @@ pub struct World {
     now: Millis,
     agenda: Agenda<Event>,
     cluster: Cluster,
-    consumers: Vec<Consumer>,
+    consumers: Vec<DecodeRank>,
+    /// Per request in flight, the network's paths to its producer ranks.
+    paths: BTreeMap<u64, RequestPaths>,
     requests: BTreeMap<u64, Request>,
     /// Per producer rank: the shared producer driver, its inbox, and the outcomes of its
     /// WRITEs that ended (read by its next status polls).
@@ -120,6 +126,8 @@ pub struct World {
     silent: BTreeSet<u64>,
     /// Per producer rank: a tick is queued at the current virtual time.
     tick_queued: Vec<bool>,
+    /// Per producer rank: the latest lease check queued.
+    lease_check_at: Vec<Millis>,
     writes: BTreeMap<u64, Write>,
     next_write: u64,
     arrived: u64,
@@ -145,6 +153,42 @@ fn producer_config(cluster: &Cluster, rank: usize) -> ProducerConfig {
 
 fn producer_engine(engine: usize) -> String {
     format!("p{engine}")
+}
+
+/// The decode engine's id.
+const DECODE_ENGINE: &str = "d";
+
+/// The consumer driver's configuration of decode rank `d`.
+fn consumer_config(cluster: &Cluster, d: u16, ledger: Config) -> ConsumerConfig {
+    ConsumerConfig {
+        engine_id: DECODE_ENGINE.to_owned(),
+        host: "sim".to_owned(),
+        port: 0,
+        tp_rank: d,
+        tp_size: cluster.d_tp,
+        lease_ms: LEASE,
+        ledger,
+    }
+}
+
+/// Prefill engine `engine` as the decode ranks know it: its shape and the agents they
+/// believe run its ranks.
+fn known_engine(cluster: &Cluster, engine: usize) -> ProducerEngine {
+    let Topology {
+        p_tp, p_pp, mla, ..
+    } = cluster.engines[engine].topology;
+    ProducerEngine {
+        engine_id: producer_engine(engine),
+        host: "sim".to_owned(),
+        port: 0,
+        tp_size: p_tp,
+        pp_size: p_pp,
+        mla,
+        agents: cluster
+            .ranks_of(engine)
+            .map(|rank| Cluster::agent_name(cluster.ranks[rank].known))
+            .collect(),
+    }
 }
 
 /// P's id of request `req`: vLLM randomizes ids per engine, so P's differs from D's
@@ -174,9 +218,16 @@ impl World {
             settle_ms: config.settle_ms,
             seed: rng.next_u64(),
         };
-        let consumers = (0..cluster.d_tp)
-            .map(|_| Consumer::new(tracker, BLOCKS))
+        let mut consumers: Vec<DecodeRank> = (0..cluster.d_tp)
+            .map(|d| DecodeRank::new(consumer_config(&cluster, d, tracker), BLOCKS))
             .collect();
+        for rank in &mut consumers {
+            for engine in 0..cluster.engines.len() {
+                rank.driver
+                    .add_producer_engine(known_engine(&cluster, engine))
+                    .map_err(|e| e.to_string())?;
+            }
+        }
         let report = Report {
             requests: config.requests,
             seed: config.seed,
@@ -199,8 +250,10 @@ impl World {
             targets: BTreeMap::new(),
             silent: BTreeSet::new(),
             tick_queued: vec![false; cluster.ranks.len()],
+            lease_check_at: vec![0; cluster.ranks.len()],
             cluster,
             consumers,
+            paths: BTreeMap::new(),
             requests: BTreeMap::new(),
             writes: BTreeMap::new(),
             next_write: 0,
@@ -231,10 +284,20 @@ impl World {
         self.report
     }
 
+    /// Runs events in time order; between them, the decode ranks are polled whenever one
+    /// of their drivers has work due (a fence, a heartbeat round, a timer).
     fn drain(&mut self) {
-        while let Some(at) = self.agenda.next_at() {
+        loop {
+            let at = match (self.agenda.next_at(), self.next_wakeup()) {
+                (Some(event), Some(wakeup)) => event.min(wakeup),
+                (Some(at), None) | (None, Some(at)) => at,
+                (None, None) => break,
+            };
             if at > self.now {
                 self.advance(at);
+            }
+            if self.agenda.next_at().is_none_or(|at| at > self.now) {
+                continue;
             }
             let Some((_, event)) = self.agenda.pop() else {
                 break;
@@ -243,6 +306,15 @@ impl World {
             self.handle(event);
             self.flush_breaches();
         }
+    }
+
+    /// The earliest time a decode rank's driver has work due, after now.
+    fn next_wakeup(&self) -> Option<Millis> {
+        self.consumers
+            .iter()
+            .filter_map(|c| c.driver.next_wakeup_ms())
+            .min()
+            .map(|at| at.max(self.now + 1))
     }
 
     fn violation(&mut self, what: String) {
@@ -255,13 +327,11 @@ impl World {
         }
     }
 
-    /// Moves the clock: every decode rank advances its tracker (scheduler step).
+    /// Moves the clock: every decode rank polls its driver (scheduler step).
     fn advance(&mut self, to: Millis) {
         self.now = to;
         for d in 0..self.consumers.len() {
-            let mut steps = Vec::new();
-            self.consumers[d].advance(to, &mut steps);
-            self.apply(d, steps);
+            self.poll_decode(d);
             // Spec rule 2: by the first advance reaching its deadline, a request has its
             // outcome.
             if let Some(req) = self.consumers[d].overdue(to) {
@@ -276,7 +346,12 @@ impl World {
     fn handle(&mut self, event: Event) {
         match event {
             Event::Arrive => self.arrive(),
-            Event::Registration { rank, agent, bytes } => self.registration(rank, agent, bytes),
+            Event::ToProducer {
+                from,
+                rank,
+                agent,
+                bytes,
+            } => self.producer_hears(from, rank, agent, bytes),
             Event::Offer { req, rank, agent } => self.offer(req, rank, agent),
             Event::ProducerTick { rank, agent } => {
                 self.tick_queued[rank] = false;
@@ -295,13 +370,12 @@ impl World {
                 agent,
                 bytes,
                 should,
-            } => self.deliver(d, agent, &bytes, should),
+            } => self.deliver(d, agent, bytes, should),
             Event::ConsumerAbort { req } => self.consumer_abort(req),
             Event::ProducerAbort { req } => self.producer_abort(req),
             Event::Death { rank } => self.death(rank),
             Event::DeathSeen { rank, agent } => self.death_seen(rank, agent),
-            Event::Fence { agent } => self.fence(agent),
-            Event::Rediscover { rank } => self.cluster.restart(rank),
+            Event::Rediscover { rank } => self.restart(rank),
             Event::DecodeDone { req, d } => self.decode_done(req, d),
             Event::LateLanding { req, d, blocks } => {
                 let pool = &mut self.consumers[d].pool;
@@ -346,7 +420,7 @@ impl World {
             self.faults.unknown_id += 1;
             let bytes = notice_bytes(&id, topology.p_tp, false);
             let agent = self.cluster.ranks[self.cluster.ranks_of(engine).start].known;
-            self.deliver(0, agent, &bytes, Should::BeIgnored(&["unknown"]));
+            self.deliver(0, agent, bytes, Should::BeIgnored(&["unknown"]));
         }
         let mut ranks = Vec::new();
         for d in 0..self.cluster.d_tp {
@@ -384,21 +458,28 @@ impl World {
             producer_aborted: false,
             producer_silent: false,
         };
-        let expected = topology.expected_per_consumer_rank() as u8;
+        let p_id = producer_request_id(req);
+        let engine_id = producer_engine(engine);
+        let push = |blocks: u64| PushRequest {
+            id: &request.id,
+            producer_engine: &engine_id,
+            remote_request_id: &p_id,
+            transfer_id: None,
+            blocks: BlockHandle(blocks),
+            block_ids: vec![Vec::new()],
+            deadline_ms,
+        };
         // A full table on any rank: the request is not pushed (the engine would prefill it
-        // locally). The full rank's ledger must say so; no rank registers, so no slot is
+        // locally). The full rank's driver must say so; no rank registers, so no slot is
         // tied up by a request nobody will write.
-        if let Some(d) = self.consumers.iter().position(Consumer::is_full) {
+        if let Some(d) = self.consumers.iter().position(|c| c.driver.is_full()) {
             self.faults.table_full += 1;
-            let registered = self.consumers[d].register(
-                req,
-                &request.id,
-                Expect::Count(expected),
-                deadline_ms,
-                DEADLINE,
-            );
+            let registered = self.register(d, push(req), EdgeMode::Count);
             match registered {
-                Err(RegisterErrorKind::Full) => self.decisions.rejected_full += 1,
+                Err(ConsumerError::Rejected {
+                    kind: RegisterErrorKind::Full,
+                    ..
+                }) => self.decisions.rejected_full += 1,
                 other => self.violation(format!("registration on full rank {d}: {other:?}")),
             }
             for (d, part) in request.ranks.iter_mut().enumerate() {
@@ -409,55 +490,16 @@ impl World {
             }
             return;
         }
-        for (d, part) in request.ranks.iter_mut().enumerate() {
-            let agents: Vec<AgentId> = part
-                .edges
-                .iter()
-                .map(|e| self.cluster.ranks[e.rank].known)
-                .collect();
-            let expect = if named {
-                Expect::Edges(&agents)
-            } else {
-                Expect::Count(expected)
-            };
-            let registered =
-                self.consumers[d].register(req, &request.id, expect, deadline_ms, DEADLINE);
-            if let Err(e) = registered {
-                let what = format!("registration of {} on rank {d}: {e:?}", request.id);
-                self.report.violation(self.report.steps, self.now, what);
-            }
-        }
-        if self.rng.chance(self.rates.duplicate_registration) {
-            self.faults.duplicate_registration += 1;
-            match self.consumers[0].register(u64::MAX, &request.id, Expect::Count(1), None, 0) {
-                Err(RegisterErrorKind::DuplicateId) => self.decisions.rejected_duplicate_id += 1,
-                other => {
-                    self.violation(format!("second registration of {}: {other:?}", request.id))
-                }
-            }
-        }
-        // PUSH_REG to every producer rank of the engine; F6: one of them is missed.
+        // The network's paths to the engine's ranks for this request: F6 (one rank missed)
+        // and slow paths, applied by each decode rank's transport.
         let producers = self.cluster.ranks_of(engine);
-        let missed = self
-            .rng
-            .chance(self.rates.partial_registration)
-            .then(|| producers.start + self.rng.below(producers.len() as u64) as usize);
-        self.faults.partial_registration += u64::from(missed.is_some());
-        let registration = PushRegistration {
-            request_id: request.id.clone(),
-            decode_engine_id: "d".to_owned(),
-            decode_host: "sim".to_owned(),
-            decode_port: 0,
-            decode_tp_size: self.cluster.d_tp,
-            local_block_ids: vec![Vec::new()],
-            remote_engine_id: producer_engine(engine),
-            remote_host: "sim".to_owned(),
-            remote_port: 0,
-            remote_tp_size: topology.p_tp,
-            remote_pp_size: topology.p_pp,
-            transfer_id: None,
-        }
-        .to_notification();
+        let paths = RequestPaths::roll(
+            &mut self.rng,
+            &self.rates,
+            &mut self.faults,
+            producers.clone(),
+        );
+        self.paths.insert(req, paths);
         self.targets.insert(
             req,
             request.ranks.iter().map(|p| p.blocks.clone()).collect(),
@@ -467,22 +509,36 @@ impl World {
             let agent = self.cluster.ranks[rank].agent;
             let at = self.now + self.between(PREFILL);
             self.agenda.push(at, Event::Offer { req, rank, agent });
-            if Some(rank) == missed {
-                continue;
+        }
+        // Every decode rank's driver registers the request and sends `PUSH_REG` to every
+        // producer agent of the engine; heartbeats follow until its decision.
+        let mode = if named {
+            EdgeMode::Named
+        } else {
+            EdgeMode::Count
+        };
+        for d in 0..self.consumers.len() {
+            match self.register(d, push(req), mode) {
+                Ok(_) => {
+                    let deadline = self.now + deadline_ms.unwrap_or(DEADLINE);
+                    self.consumers[d].expect_outcome(req, deadline);
+                }
+                Err(e) => {
+                    self.violation(format!("registration of {} on rank {d}: {e}", request.id))
+                }
             }
-            // A slow path delays the registration past most of the lease: the lease may end
-            // mid-write (F3) or before the registration arrives (F4).
-            let delay = if self.rng.chance(self.rates.slow_producer) {
-                self.between(SLOW_PREFILL)
-            } else {
-                self.rng.between(0, REG_LATENCY)
-            };
-            let event = Event::Registration {
-                rank,
-                agent: self.cluster.ranks[rank].known,
-                bytes: registration.clone(),
-            };
-            self.agenda.push(self.now + delay, event);
+        }
+        if self.rng.chance(self.rates.duplicate_registration) {
+            self.faults.duplicate_registration += 1;
+            match self.register(0, push(u64::MAX), EdgeMode::Count) {
+                Err(ConsumerError::Rejected {
+                    kind: RegisterErrorKind::DuplicateId,
+                    ..
+                }) => self.decisions.rejected_duplicate_id += 1,
+                other => {
+                    self.violation(format!("second registration of {}: {other:?}", request.id))
+                }
+            }
         }
         if self.rng.chance(self.rates.consumer_abort) {
             let at = self.now + self.between(ABORT_AFTER);
@@ -569,9 +625,88 @@ impl World {
         }
     }
 
-    fn deliver(&mut self, d: usize, agent: AgentId, bytes: &[u8], should: Should) {
-        let mut steps = Vec::new();
-        let result = self.consumers[d].notify(agent, bytes, &mut steps);
+    /// Decode rank `d`'s driver and its view of the network, now.
+    fn decode_rank(&mut self, d: usize) -> (&mut ConsumerDriver<SLOTS, EDGES>, DecodeLink<'_>) {
+        let rank = &mut self.consumers[d];
+        let link = DecodeLink {
+            now: self.now,
+            rng: &mut self.rng,
+            cluster: &self.cluster,
+            paths: &self.paths,
+            inbox: &mut rank.inbox,
+            gone: &mut rank.gone,
+            registering: None,
+            sent: Vec::new(),
+        };
+        (&mut rank.driver, link)
+    }
+
+    /// Registers a request on decode rank `d` through its driver (which sends `PUSH_REG`).
+    fn register(
+        &mut self,
+        d: usize,
+        request: PushRequest<'_>,
+        mode: EdgeMode,
+    ) -> Result<(), ConsumerError> {
+        let now = self.now;
+        let req = request_number(request.id);
+        let (driver, mut link) = self.decode_rank(d);
+        link.registering = req;
+        let registered = driver.register_with(&mut link, request, mode, now);
+        let sent = link.sent;
+        self.schedule_sent(d, sent);
+        registered.map(|_| ())
+    }
+
+    /// One scheduler step of decode rank `d`: its driver drains what was delivered, fences,
+    /// advances its clock and heartbeats; its decisions are applied. Returns what the core
+    /// made of each notification drained.
+    fn poll_decode(&mut self, d: usize) -> Vec<Result<Noticed, IgnoreReason>> {
+        let now = self.now;
+        let mut seen = Vec::new();
+        let (driver, mut link) = self.decode_rank(d);
+        // The virtual network never fails to drain.
+        let _ = driver.poll_observed(&mut link, now, |_, _, result| {
+            seen.push(result.map_err(|ignored| ignored.reason));
+        });
+        let sent = link.sent;
+        self.schedule_sent(d, sent);
+        let mut wrong = Vec::new();
+        let steps = self.consumers[d].take_steps(&mut wrong);
+        for what in wrong {
+            self.violation(format!("rank {d}: {what}"));
+        }
+        self.apply(d, steps);
+        seen
+    }
+
+    /// Schedules what decode rank `from` sent.
+    fn schedule_sent(&mut self, from: usize, sent: Vec<ToProducer>) {
+        for m in sent {
+            let event = Event::ToProducer {
+                from,
+                rank: m.rank,
+                agent: m.agent,
+                bytes: m.bytes,
+            };
+            self.agenda.push(m.at, event);
+        }
+    }
+
+    /// A notification reaches decode rank `d`: its driver drains it at once.
+    fn deliver(&mut self, d: usize, agent: AgentId, bytes: Vec<u8>, should: Should) {
+        let shown = String::from_utf8_lossy(&bytes).into_owned();
+        self.consumers[d]
+            .inbox
+            .push((Cluster::agent_name(agent), bytes));
+        let seen = self.poll_decode(d);
+        let [result] = seen[..] else {
+            self.violation(format!(
+                "notification {shown:?} on rank {d}: {} results",
+                seen.len()
+            ));
+            return;
+        };
         if let Err(reason) = result {
             self.decisions.ignored(reason);
         }
@@ -588,12 +723,10 @@ impl World {
         };
         if !fine {
             self.violation(format!(
-                "notification {:?} from agent {} on rank {d}: {result:?}, expected {should:?}",
-                String::from_utf8_lossy(bytes),
+                "notification {shown:?} from agent {} on rank {d}: {result:?}, expected {should:?}",
                 agent.0
             ));
         }
-        self.apply(d, steps);
     }
 
     fn consumer_abort(&mut self, req: u64) {
@@ -609,9 +742,11 @@ impl World {
         };
         let mut mid_push = false;
         for (d, part) in request.ranks.iter_mut().enumerate() {
-            let Some(outstanding) = self.consumers[d].abort(req) else {
-                continue;
+            let Ok(quarantined) = self.consumers[d].driver.abort(&request.id) else {
+                continue; // decided already
             };
+            self.consumers[d].outcome_given(req);
+            let outstanding = quarantined.outstanding();
             self.decisions.aborted += 1;
             mid_push |= part.in_flight > 0
                 || match outstanding {
@@ -717,6 +852,7 @@ impl World {
 
     fn maybe_finish(&mut self, req: u64) {
         if self.requests.get(&req).is_some_and(Request::finished) {
+            self.paths.remove(&req);
             if let Some(request) = self.requests.remove(&req) {
                 if self.finished_ids.len() == FINISHED_KEPT {
                     self.finished_ids.pop_front();
@@ -733,12 +869,21 @@ impl World {
         r.alive && r.agent == agent
     }
 
-    /// `PUSH_REG` reaches a producer rank (lost if the agent it was sent to is gone).
-    fn registration(&mut self, rank: usize, agent: AgentId, bytes: Vec<u8>) {
+    /// A decode rank's `PUSH_REG` or `HB:` reaches a producer rank (lost if the agent it
+    /// was sent to is gone). A heartbeat may have extended a lease: look again when the
+    /// extension runs out.
+    fn producer_hears(&mut self, from: usize, rank: usize, agent: AgentId, bytes: Vec<u8>) {
         if !self.alive_as(rank, agent) {
             return;
         }
-        self.inboxes[rank].push(("d".to_owned(), bytes));
+        if let Ok(Message::Heartbeat(_)) = wire::parse(&bytes) {
+            let at = self.now + self.producers[rank].config().lease_extension_ms() + 1;
+            if at > self.lease_check_at[rank] {
+                self.lease_check_at[rank] = at;
+                self.agenda.push(at, Event::LeaseCheck { rank, agent });
+            }
+        }
+        self.inboxes[rank].push((format!("{DECODE_ENGINE}-{from}"), bytes));
         self.want_tick(rank);
     }
 
@@ -1023,22 +1168,29 @@ impl World {
         }
     }
 
-    /// The transport reports `agent` gone: its replacement comes up at once, but the
-    /// consumers fence it only `settle_ms` later, as the consumer driver does
-    /// (`to_fence`): a dead producer's errored WRITEs keep landing for a while after its
-    /// death is seen (the late-landing fault; 173 ms measured over UCX TCP), and a fence
-    /// at once would release blocks they still land in.
+    /// The transport sees `agent` gone: every decode rank's transport reports it (its
+    /// driver fences it `settle_ms` later: a dead producer's errored WRITEs keep landing
+    /// for a while after its death is seen, the late-landing fault), and its replacement
+    /// comes up at once.
     fn death_seen(&mut self, rank: usize, agent: AgentId) {
-        self.cluster.restart(rank);
-        let at = self.now + self.config.settle_ms;
-        self.agenda.push(at, Event::Fence { agent });
+        for d in 0..self.consumers.len() {
+            self.consumers[d].gone.push_back(Cluster::agent_name(agent));
+        }
+        self.restart(rank);
+        for d in 0..self.consumers.len() {
+            self.poll_decode(d);
+        }
     }
 
-    fn fence(&mut self, agent: AgentId) {
+    /// A new incarnation of `rank` comes up and every decode rank's driver learns its
+    /// agent (`add_producer_engine` once per incarnation).
+    fn restart(&mut self, rank: usize) {
+        self.cluster.restart(rank);
+        let engine = known_engine(&self.cluster, self.cluster.ranks[rank].engine);
         for d in 0..self.consumers.len() {
-            let mut steps = Vec::new();
-            self.decisions.fenced_edges += u64::from(self.consumers[d].fence(agent, &mut steps));
-            self.apply(d, steps);
+            if let Err(e) = self.consumers[d].driver.add_producer_engine(engine.clone()) {
+                self.violation(format!("rank {d} cannot learn a restarted producer: {e}"));
+            }
         }
     }
 
@@ -1066,8 +1218,11 @@ impl World {
         }
         for d in 0..self.consumers.len() {
             let c = &self.consumers[d];
-            let (free, in_flight, tracked) =
-                (c.pool.free_blocks(), c.pool.writes_in_flight(), c.tracked());
+            let (free, in_flight, tracked) = (
+                c.pool.free_blocks(),
+                c.pool.writes_in_flight(),
+                c.driver.in_flight(),
+            );
             if free != BLOCKS as usize || in_flight != 0 || tracked != 0 {
                 self.violation(format!(
                     "rank {d} at the end: {free} of {BLOCKS} blocks free, \
@@ -1081,6 +1236,11 @@ impl World {
             .producers
             .iter()
             .map(|p| p.in_flight() - p.fenced_unknown())
+            .sum();
+        self.decisions.fenced_edges = self
+            .consumers
+            .iter()
+            .map(|c| c.driver.counters().fenced_edges)
             .sum();
         if held != 0 || !self.writes.is_empty() {
             self.violation(format!(
