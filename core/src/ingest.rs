@@ -43,6 +43,7 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
     /// # Errors
     /// [`Ignored`] with the reason when the notice changed nothing; no state is created
     /// and no other request is touched.
+    #[inline]
     pub fn handle_notification<'m>(
         &mut self,
         agent: AgentId,
