@@ -46,8 +46,11 @@ impl<const N: usize> Index<N> {
         (pos + 1) & (Self::BUCKETS - 1)
     }
 
+    /// Bucket `pos` (taken modulo `2N`): the halves are one contiguous run of `2N` words,
+    /// so this is one masked index, whose bounds check the compiler removes.
+    #[inline(always)]
     pub(crate) fn bucket(&self, pos: usize) -> &AtomicU32 {
-        &self.halves[pos / N][pos % N]
+        &self.halves.as_flattened()[pos & (Self::BUCKETS - 1)]
     }
 
     /// The bits of a live bucket that `fp`'s bucket has.

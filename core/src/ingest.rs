@@ -43,6 +43,7 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
     /// # Errors
     /// [`Ignored`] with the reason when the notice changed nothing; no state is created
     /// and no other request is touched.
+    #[inline]
     pub fn handle_notification<'m>(
         &mut self,
         agent: AgentId,
@@ -161,9 +162,11 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
     }
 }
 
+// `consumer_notice` dispatches on the first byte of these.
 const PUSH_FAIL: &[u8; 10] = b"PUSH_FAIL:";
 const PUSH_REG: &[u8; 9] = b"PUSH_REG:";
 const HEARTBEAT: &[u8; 3] = b"HB:";
+const _: () = assert!(PUSH_FAIL[0] == b'P' && PUSH_REG[0] == b'P' && HEARTBEAT[0] == b'H');
 
 /// The common case of [`wire::parse`] on the consumer side, on bytes: a completion or
 /// `PUSH_FAIL:` notice whose TP field is 1 to 5 digits with a value in `1..=65535`.
@@ -175,14 +178,19 @@ const HEARTBEAT: &[u8; 3] = b"HB:";
 /// (tested below).
 #[inline]
 fn consumer_notice(bytes: &[u8]) -> Option<(&[u8], bool)> {
-    // Fixed-size prefix compares: a couple of loads each, no `memcmp` call.
-    let (body, failed) = match bytes.split_first_chunk::<10>() {
-        Some((head, body)) if head == PUSH_FAIL => (body, true),
-        _ if bytes.first_chunk::<9>() == Some(PUSH_REG)
-            || bytes.first_chunk::<3>() == Some(HEARTBEAT) =>
-        {
-            return None;
-        }
+    // The three prefixes start with `P` or `H`: any other first byte is a completion
+    // without comparing a prefix. Else fixed-size prefix compares: a couple of loads
+    // each, no `memcmp` call.
+    let (body, failed) = match bytes.first() {
+        Some(b'P' | b'H') => match bytes.split_first_chunk::<10>() {
+            Some((head, body)) if head == PUSH_FAIL => (body, true),
+            _ if bytes.first_chunk::<9>() == Some(PUSH_REG)
+                || bytes.first_chunk::<3>() == Some(HEARTBEAT) =>
+            {
+                return None;
+            }
+            _ => (bytes, false),
+        },
         _ => (bytes, false),
     };
     // The TP field: the digits after the last ':' (digits hold no ':'), read backwards.

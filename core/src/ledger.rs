@@ -59,13 +59,26 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
         )
     }
 
+    /// The ingest half alone, for a convenience method: building only the half a call
+    /// needs keeps the per-notice path free of the engine half's construction.
+    #[inline(always)]
+    fn ingest_half(&mut self) -> Ingest<'_, N, E> {
+        Ingest::new(&self.shared, &mut self.ingest)
+    }
+
+    /// The engine half alone (see [`ingest_half`](Self::ingest_half)).
+    #[inline(always)]
+    fn engine_half(&mut self) -> Engine<'_, N, E> {
+        Engine::new(&self.shared, &mut self.owner)
+    }
+
     /// [`Ingest::handle_notification`] on one thread.
     pub fn handle_notification<'m>(
         &mut self,
         agent: AgentId,
         bytes: &'m [u8],
     ) -> Result<Noticed, Ignored<'m>> {
-        self.split().0.handle_notification(agent, bytes)
+        self.ingest_half().handle_notification(agent, bytes)
     }
 
     /// [`Engine::register`] on one thread.
@@ -73,38 +86,38 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
         &mut self,
         registration: Registration<'r>,
     ) -> Result<Pending, RegisterError<'r>> {
-        self.split().1.register(registration)
+        self.engine_half().register(registration)
     }
 
     /// [`Engine::abort`] on one thread.
     pub fn abort(&mut self, ticket: Pending) -> Result<Quarantined, AbortError> {
-        self.split().1.abort(ticket)
+        self.engine_half().abort(ticket)
     }
 
     /// [`Engine::abort_id`] on one thread.
     pub fn abort_id(&mut self, id: &str) -> Result<Quarantined, AbortError> {
-        self.split().1.abort_id(id)
+        self.engine_half().abort_id(id)
     }
 
     /// [`Engine::fence`] on one thread.
     pub fn fence(&mut self, agent: AgentId, emit: impl FnMut(Decision)) -> u32 {
-        self.split().1.fence(agent, emit)
+        self.engine_half().fence(agent, emit)
     }
 
     /// [`Engine::advance`] on one thread.
     pub fn advance(&mut self, now: Millis, emit: impl FnMut(Decision)) -> Result<(), ClockError> {
-        self.split().1.advance(now, emit)
+        self.engine_half().advance(now, emit)
     }
 
     /// [`Engine::poll`] on one thread.
     pub fn poll(&mut self, emit: impl FnMut(Decision)) -> usize {
-        self.split().1.poll(emit)
+        self.engine_half().poll(emit)
     }
 
     /// [`Engine::poll_decision`] on one thread.
     #[must_use = "a decision carries blocks or an outcome the engine must act on"]
     pub fn poll_decision(&mut self) -> Option<Decision> {
-        self.split().1.poll_decision()
+        self.engine_half().poll_decision()
     }
 
     /// The ledger's clock (the last `advance`).
