@@ -132,26 +132,23 @@ impl Consumer {
 
     /// The transport fenced `agent`; returns the edges resolved.
     pub fn fence(&mut self, agent: AgentId, out: &mut Vec<(u64, Step)>) -> u32 {
-        let mut decisions = Vec::new();
-        let n = self.ledger.fence(agent, |d| decisions.push(d));
-        self.route(decisions, out);
+        let n = self.ledger.fence(agent);
+        self.poll(out);
         n
     }
 
     /// Advances the ledger's clock to `now` and takes every decision due.
     pub fn advance(&mut self, now: Millis, out: &mut Vec<(u64, Step)>) {
-        let mut decisions = Vec::new();
-        if self.ledger.advance(now, |d| decisions.push(d)).is_err() {
+        if self.ledger.advance(now).is_err() {
             unreachable!("the virtual clock never goes back");
         }
-        self.route(decisions, out);
         self.poll(out);
     }
 
-    /// Takes the decisions the ingest side made ready.
+    /// Takes every decision waiting (those `fence` or `advance` took, then those the
+    /// ingest side made ready).
     pub fn poll(&mut self, out: &mut Vec<(u64, Step)>) {
-        let mut decisions = Vec::new();
-        self.ledger.poll(|d| decisions.push(d));
+        let decisions = self.ledger.decisions().collect();
         self.route(decisions, out);
     }
 
