@@ -314,15 +314,15 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                 Phase::Counting => {
                     if let Quarantine::Entered(s) = state.quarantine(r.generation, Phase::Expired) {
                         self.owner.counters.expired += 1;
-                        let owed = match self
+                        let (owed, kind) = match self
                             .quarantined(slot, s, QuarantineCause::Expired)
                             .outstanding
                         {
-                            Outstanding::Count(n) => u64::from(n),
-                            Outstanding::Edges(mask) => mask,
+                            Outstanding::Count(n) => (u64::from(n), Kind::ExpiredCount),
+                            Outstanding::Edges(mask) => (mask, Kind::ExpiredEdges),
                         };
                         self.owner.requests[slot as usize].owed_at_expiry = owed;
-                        self.owner.decided.push(slot, Kind::Expired);
+                        self.owner.decided.push(slot, kind);
                         let end = r.due.saturating_add(self.owner.config.quarantine_ms);
                         if end <= now {
                             self.force_release(slot);
@@ -374,18 +374,26 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// }
     /// ```
     #[must_use = "a decision carries blocks or an outcome the engine must act on"]
+    #[inline]
     pub fn poll_decision(&mut self) -> Option<Decision> {
         loop {
             if let Some((slot, kind)) = self.owner.decided.pop() {
                 return Some(self.hand_out(slot, kind));
             }
+            // Inline up to here: a pull that finds nothing costs two loads of the ring.
             let slot = self.shared.ready.pop()?;
-            let s = self.shared.slots[slot as usize]
-                .state
-                .load(Ordering::Acquire);
-            if s.outstanding() == 0 && s.is_live(self.owner.requests[slot as usize].generation) {
-                self.decide_drained(slot, s);
-            }
+            self.decide_ready(slot);
+        }
+    }
+
+    /// Decides a slot popped from the ready ring, if it still holds the drained request
+    /// that pushed it; its decisions go to the queue.
+    fn decide_ready(&mut self, slot: u32) {
+        let s = self.shared.slots[slot as usize]
+            .state
+            .load(Ordering::Acquire);
+        if s.outstanding() == 0 && s.is_live(self.owner.requests[slot as usize].generation) {
+            self.decide_drained(slot, s);
         }
     }
 
@@ -423,14 +431,15 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                 blocks: BlockHandle(r.blocks),
             }),
             Kind::Failed => Decision::Failed(Failed { key }),
-            Kind::Expired => Decision::Expired(Quarantined {
+            Kind::ExpiredCount => Decision::Expired(Quarantined {
                 key,
                 cause: QuarantineCause::Expired,
-                outstanding: if self.shared.slots[slot as usize].named() == 0 {
-                    Outstanding::Count(r.owed_at_expiry as u8)
-                } else {
-                    Outstanding::Edges(r.owed_at_expiry)
-                },
+                outstanding: Outstanding::Count(r.owed_at_expiry as u8),
+            }),
+            Kind::ExpiredEdges => Decision::Expired(Quarantined {
+                key,
+                cause: QuarantineCause::Expired,
+                outstanding: Outstanding::Edges(r.owed_at_expiry),
             }),
             Kind::Released | Kind::ReleasedForced => Decision::Released(Released {
                 key,

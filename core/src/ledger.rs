@@ -59,6 +59,12 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
         )
     }
 
+    /// The engine half alone, for the one-thread forwards that need no ingest half.
+    #[inline]
+    fn engine(&mut self) -> Engine<'_, N, E> {
+        Engine::new(&self.shared, &mut self.owner)
+    }
+
     /// [`Ingest::handle_notification`] on one thread.
     pub fn handle_notification<'m>(
         &mut self,
@@ -88,18 +94,19 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
 
     /// [`Engine::fence`] on one thread.
     pub fn fence(&mut self, agent: AgentId) -> u32 {
-        self.split().1.fence(agent)
+        self.engine().fence(agent)
     }
 
     /// [`Engine::advance`] on one thread.
     pub fn advance(&mut self, now: Millis) -> Result<(), ClockError> {
-        self.split().1.advance(now)
+        self.engine().advance(now)
     }
 
     /// [`Engine::poll_decision`] on one thread.
     #[must_use = "a decision carries blocks or an outcome the engine must act on"]
+    #[inline]
     pub fn poll_decision(&mut self) -> Option<Decision> {
-        self.split().1.poll_decision()
+        self.engine().poll_decision()
     }
 
     /// [`Engine::decisions`] on one thread.
