@@ -7,7 +7,7 @@
 //! with edge-case TP sizes) or raw fuzzer bytes. Times are small so deadlines and
 //! quarantines fire within a run.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::format;
 use std::string::String;
 use std::sync::OnceLock;
