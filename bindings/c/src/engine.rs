@@ -164,9 +164,11 @@ fn register(side: &mut EngineSide, r: &kvdrain_registration, key_out: *mut u64) 
         expect,
         deadline_ms: (r.deadline_ms != 0).then_some(r.deadline_ms),
     };
-    // A ticket is forgotten when its decision is polled: `capacity` tickets can be kept
-    // only by a caller that polls late (decided requests wait in the core with theirs).
-    if side.tickets.len() >= side.capacity {
+    // A ticket is forgotten when its decision is polled, so a caller that polls late
+    // keeps the tickets of decided requests: where the core would take one more request
+    // than the table holds, refuse as full (the core refuses everything else itself, in
+    // its own order: a prompt poller never gets here).
+    if side.tickets.len() >= side.capacity && side.engine.has_room() {
         return KVDRAIN_ERR_FULL;
     }
     match side.engine.register(registration) {
