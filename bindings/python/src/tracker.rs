@@ -247,7 +247,7 @@ impl<const N: usize> Tracker for Halves<N> {
                         side.not_bytes += 1;
                         continue;
                     };
-                    // A decided request waits on the ready ring for the engine's `poll`;
+                    // A decided request waits on the ready ring for the engine's pull;
                     // an ignored notice is counted by the core.
                     if let Err(ignored) = side.ingest.handle_notification(*agent, bytes.as_bytes())
                         && ignored.reason == kvdrain::IgnoreReason::NotForConsumer

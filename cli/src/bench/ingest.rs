@@ -4,8 +4,8 @@
 //! least 64; E = 8, or 32 for named mode with more than 8 edges), register the R requests
 //! (untimed), then time one pass over the M prepared messages. Per message: the real
 //! [`Ledger::handle_notification`] (parse, fingerprint, index probe, CAS); on
-//! [`Noticed::Decided`] the [`Ledger::poll`] that takes the decision out and the
-//! re-registration of the request under the same id, so R stay in flight. Allocations
+//! [`Noticed::Decided`] the [`Ledger::poll_decision`] pulls that take the decisions out
+//! and the re-registration of the request under the same id, so R stay in flight. Allocations
 //! are counted around the timed loop only.
 
 use std::hint::black_box;
