@@ -332,11 +332,7 @@ impl Replay<'_> {
                     )));
                 }
                 self.now = ms;
-                let mut decisions = Vec::new();
-                ledger
-                    .advance(ms, |d| decisions.push(d))
-                    .map_err(|e| Step::Trace(e.to_string()))?;
-                self.print_all(decisions)?;
+                ledger.advance(ms).map_err(|e| Step::Trace(e.to_string()))?;
             }
             "register" => self.register(ledger, args)?,
             "notify" => {
@@ -368,13 +364,12 @@ impl Replay<'_> {
                     return Err(Step::Trace("fence takes one argument".into()));
                 }
                 let agent = self.agents.get(agent).copied().unwrap_or(STRANGER);
-                let mut decisions = Vec::new();
-                let _ = ledger.fence(agent, |d| decisions.push(d));
-                self.print_all(decisions)?;
+                let _resolved = ledger.fence(agent);
             }
             other => return Err(Step::Trace(format!("unknown command {other:?}"))),
         }
-        // Decisions the ingest side made ready (a notice resolved a last edge).
+        // Every decision the command led to, in the order taken: those `at` or `fence`
+        // took, then those of requests a notice drained (decided at the pull).
         while let Some(d) = ledger.poll_decision() {
             self.decision(d)?;
         }
@@ -479,13 +474,6 @@ impl Replay<'_> {
             .ok_or("more than 65535 distinct agent names")?;
         self.agents.insert(agent.to_owned(), AgentId(id));
         Ok(AgentId(id))
-    }
-
-    fn print_all(&mut self, decisions: Vec<Decision>) -> io::Result<()> {
-        for d in decisions {
-            self.decision(d)?;
-        }
-        Ok(())
     }
 
     fn decision(&mut self, d: Decision) -> io::Result<()> {

@@ -3,6 +3,7 @@
 
 use crate::Millis;
 use crate::counters::EngineCounters;
+use crate::decided::Kind;
 use crate::error::{AbortError, ClockError, RegisterError, RegisterErrorKind};
 use crate::fingerprint::Fingerprint;
 use crate::index::{DELETED, EMPTY, Index};
@@ -110,6 +111,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             fp,
             live: true,
             settling: false,
+            owed_at_expiry: 0,
         };
         if registration.deadline_ms.is_none() {
             // `now + deadline_ms` never decreases: the O(1) FIFO timer.
@@ -126,9 +128,10 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     }
 
     /// Aborts the request of `ticket`: it is over for the client now; its blocks stay
-    /// fenced until every edge resolves (a `Released` from [`poll`](Self::poll) or
-    /// [`fence`](Self::fence)) or `quarantine_ms` runs out (a forced `Released` from
-    /// [`advance`](Self::advance)).
+    /// fenced until every edge resolves (a `Released` that a notice or a
+    /// [`fence`](Self::fence) decides) or `quarantine_ms` runs out (a forced `Released`
+    /// that [`advance`](Self::advance) decides); [`poll_decision`](Self::poll_decision)
+    /// hands it out.
     ///
     /// # Errors
     /// [`AbortError::Late`] if the request was decided first.
@@ -237,9 +240,10 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// The transport confirmed that `agent` can no longer write here: resolves, as
     /// failed, every outstanding named edge of `agent` now. Counting-mode requests are not
     /// touched (nobody knows which notices the agent still owed). Requests whose last
-    /// edge this resolves are decided at once, in registration order. Returns the number
-    /// of edges resolved. `O(N·E)`: fences are rare.
-    pub fn fence(&mut self, agent: AgentId, mut emit: impl FnMut(Decision)) -> u32 {
+    /// edge this resolves are decided at once, in registration order; their decisions
+    /// wait for [`poll_decision`](Self::poll_decision). Returns the number of edges
+    /// resolved. `O(N·E)`: fences are rare.
+    pub fn fence(&mut self, agent: AgentId) -> u32 {
         let mut resolved = 0;
         let mut batch = 0;
         for slot in 0..N as u32 {
@@ -264,23 +268,22 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             let s = self.shared.slots[slot as usize]
                 .state
                 .load(Ordering::Acquire);
-            self.decide_drained(slot, s, &mut emit);
+            self.decide_drained(slot, s);
         }
         resolved
     }
 
-    /// Advances the clock to `now` and fires every deadline and quarantine end at or
-    /// before it, request by request in registration order: `Expired` (edges still
+    /// Advances the clock to `now` and fires every deadline, settle end and quarantine end
+    /// at or before it, request by request in registration order: `Expired` (edges still
     /// outstanding at the deadline), then a forced `Released` if the quarantine is over
-    /// too. Costs `O(k log N)` for the `k` timers that fire.
+    /// too; `Released` at a settle end. The transitions happen here (an expiry is at the
+    /// advance, not at the pull); the decisions wait for
+    /// [`poll_decision`](Self::poll_decision). Costs `O(k log N)` for the `k` timers that
+    /// fire.
     ///
     /// # Errors
     /// [`ClockError::Backwards`] if `now` is earlier than the clock; nothing changes.
-    pub fn advance(
-        &mut self,
-        now: Millis,
-        mut emit: impl FnMut(Decision),
-    ) -> Result<(), ClockError> {
+    pub fn advance(&mut self, now: Millis) -> Result<(), ClockError> {
         if now < self.owner.now {
             return Err(ClockError::Backwards {
                 last: self.owner.now,
@@ -304,28 +307,32 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                 // Settle end or quarantine end, whichever came first (a tie is the settle
                 // end: not forced).
                 let s = state.load(Ordering::Acquire);
-                self.release_drained(slot, s, r.due > now, &mut emit);
+                self.release_drained(slot, s, r.due > now);
                 continue;
             }
             match state.load(Ordering::Acquire).phase() {
                 Phase::Counting => {
                     if let Quarantine::Entered(s) = state.quarantine(r.generation, Phase::Expired) {
                         self.owner.counters.expired += 1;
-                        emit(Decision::Expired(self.quarantined(
-                            slot,
-                            s,
-                            QuarantineCause::Expired,
-                        )));
+                        let (owed, kind) = match self
+                            .quarantined(slot, s, QuarantineCause::Expired)
+                            .outstanding
+                        {
+                            Outstanding::Count(n) => (u64::from(n), Kind::ExpiredCount),
+                            Outstanding::Edges(mask) => (mask, Kind::ExpiredEdges),
+                        };
+                        self.owner.requests[slot as usize].owed_at_expiry = owed;
+                        self.owner.decided.push(slot, kind);
                         let end = r.due.saturating_add(self.owner.config.quarantine_ms);
                         if end <= now {
-                            self.force_release(slot, &mut emit);
+                            self.force_release(slot);
                         } else {
                             self.owner.timers.set(slot, end, r.key);
                         }
                     }
-                    // AlreadyDrained: the decision waits on the ready ring; `poll` takes it.
+                    // AlreadyDrained: the decision waits on the ready ring; a pull takes it.
                 }
-                Phase::Aborted | Phase::Expired => self.force_release(slot, &mut emit),
+                Phase::Aborted | Phase::Expired => self.force_release(slot),
                 // Only the owner frees a slot, and it cancels the slot's timer when it does.
                 Phase::Free => debug_assert!(false, "a timer fired for a free slot"),
             }
@@ -333,36 +340,23 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         Ok(())
     }
 
-    /// Takes out the decisions of requests whose last edge the ingest side resolved:
-    /// `Completed`, or `Failed` then `Released`, or (aborted/expired) `Released`. A
-    /// `Released` that waits for a failure notice to settle (rule 8) comes later from
-    /// [`advance`](Self::advance). Returns how many requests it handed decisions out for.
-    pub fn poll(&mut self, mut emit: impl FnMut(Decision)) -> usize {
-        let mut decided = 0;
-        if let Some(d) = self.owner.pending.take() {
-            // The rest of a request a pull decided.
-            emit(d);
-        }
-        while let Some(slot) = self.shared.ready.pop() {
-            let s = self.shared.slots[slot as usize]
-                .state
-                .load(Ordering::Acquire);
-            if s.outstanding() == 0 && s.is_live(self.owner.requests[slot as usize].generation) {
-                let mut emitted = false;
-                self.decide_drained(slot, s, &mut |d| {
-                    emitted = true;
-                    emit(d);
-                });
-                decided += usize::from(emitted);
-            }
-        }
-        decided
-    }
-
-    /// Takes out the next decision of a request whose last edge the ingest side resolved,
-    /// one at a time: the pull form of [`poll`](Self::poll), with the same decisions in the
-    /// same order. `None` when nothing is ready. A request that is decided hands out all
-    /// its decisions (`Failed` then, unless it settles, `Released`) on consecutive pulls.
+    /// Hands out the oldest decision not handed out yet, `None` when there is none.
+    ///
+    /// Decisions come out in the order they were taken: those of [`advance`](Self::advance)
+    /// and [`fence`](Self::fence) (taken there, in registration order), then those of the
+    /// requests whose last edge the ingest side resolved (decided here, in the order the
+    /// notices resolved them): `Completed`; or `Failed` then `Released` (later, from an
+    /// `advance`, if a failure notice has to settle first, rule 8); or, for an aborted or
+    /// expired request, `Released`. A request's decisions always come out in that order.
+    ///
+    /// Pull until `None` after every call that can decide (a notice that returned
+    /// [`Noticed::Decided`](crate::Noticed::Decided), `advance`, `fence`), or at least on
+    /// every scheduler step: a decided request keeps its slot until its last decision
+    /// (`Completed` or `Released`) is handed out, so a caller that pulls late sees
+    /// `register` refuse `Full` (and [`has_room`](Self::has_room) say `false`) while
+    /// decided requests wait in the queue, though [`len`](Self::len) no longer counts
+    /// them. Ids, tombstones and timers do not wait: a decided id is `late` and may be
+    /// registered again at once.
     ///
     /// ```
     /// # use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration};
@@ -380,31 +374,79 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// }
     /// ```
     #[must_use = "a decision carries blocks or an outcome the engine must act on"]
+    #[inline]
     pub fn poll_decision(&mut self) -> Option<Decision> {
-        if let Some(d) = self.owner.pending.take() {
-            return Some(d);
-        }
-        while let Some(slot) = self.shared.ready.pop() {
-            let s = self.shared.slots[slot as usize]
-                .state
-                .load(Ordering::Acquire);
-            if s.outstanding() == 0 && s.is_live(self.owner.requests[slot as usize].generation) {
-                let (mut first, mut second) = (None, None);
-                self.decide_drained(slot, s, &mut |d| {
-                    if first.is_none() {
-                        first = Some(d);
-                    } else {
-                        debug_assert!(second.is_none(), "at most two decisions per request");
-                        second = Some(d);
-                    }
-                });
-                if first.is_some() {
-                    self.owner.pending = second;
-                    return first;
-                }
+        loop {
+            if let Some((slot, kind)) = self.owner.decided.pop() {
+                return Some(self.hand_out(slot, kind));
             }
+            // Inline up to here: a pull that finds nothing costs two loads of the ring.
+            let slot = self.shared.ready.pop()?;
+            self.decide_ready(slot);
         }
-        None
+    }
+
+    /// Decides a slot popped from the ready ring, if it still holds the drained request
+    /// that pushed it; its decisions go to the queue.
+    fn decide_ready(&mut self, slot: u32) {
+        let s = self.shared.slots[slot as usize]
+            .state
+            .load(Ordering::Acquire);
+        if s.outstanding() == 0 && s.is_live(self.owner.requests[slot as usize].generation) {
+            self.decide_drained(slot, s);
+        }
+    }
+
+    /// Every decision not handed out yet, one [`poll_decision`](Self::poll_decision) per
+    /// item, until there is none.
+    ///
+    /// ```
+    /// # use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration};
+    /// let mut ledger: Ledger<16, 2> = Ledger::new(Config::with_capacity(16));
+    /// # let _t = ledger.register(Registration { id: "r", blocks: BlockHandle(1),
+    /// #     expect: Expect::Count(1), deadline_ms: Some(10) }).unwrap();
+    /// let (_ingest, mut engine) = ledger.split();
+    /// engine.advance(10).expect("clock forward");
+    /// for decision in engine.decisions() {
+    ///     assert!(matches!(decision, Decision::Expired(_)));
+    /// }
+    /// ```
+    pub fn decisions(&mut self) -> impl Iterator<Item = Decision> + '_ {
+        core::iter::from_fn(move || self.poll_decision())
+    }
+
+    /// Builds the decision of a queued entry from the slot's record and, if it is the
+    /// slot's last, returns the slot to the free list.
+    fn hand_out(&mut self, slot: u32, kind: Kind) -> Decision {
+        let o = &mut *self.owner;
+        let r = &o.requests[slot as usize];
+        let key = RequestKey(r.key);
+        if kind.is_last() {
+            o.free[o.free_len] = slot;
+            o.free_len += 1;
+        }
+        match kind {
+            Kind::Completed => Decision::Completed(Drained {
+                key,
+                blocks: BlockHandle(r.blocks),
+            }),
+            Kind::Failed => Decision::Failed(Failed { key }),
+            Kind::ExpiredCount => Decision::Expired(Quarantined {
+                key,
+                cause: QuarantineCause::Expired,
+                outstanding: Outstanding::Count(r.owed_at_expiry as u8),
+            }),
+            Kind::ExpiredEdges => Decision::Expired(Quarantined {
+                key,
+                cause: QuarantineCause::Expired,
+                outstanding: Outstanding::Edges(r.owed_at_expiry),
+            }),
+            Kind::Released | Kind::ReleasedForced => Decision::Released(Released {
+                key,
+                blocks: BlockHandle(r.blocks),
+                forced: kind == Kind::ReleasedForced,
+            }),
+        }
     }
 
     /// The clock.
@@ -422,9 +464,23 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         &self.owner.counters
     }
 
-    /// Requests tracked now.
+    /// Requests tracked now: registered and not yet completed or released (decided
+    /// requests whose decisions wait to be handed out are not counted).
     pub fn len(&self) -> usize {
         self.owner.live
+    }
+
+    /// Decisions taken by `advance`, `fence` or an earlier pull and not handed out yet
+    /// (decisions of requests the ingest side drained are taken at the pull and not
+    /// counted until then).
+    pub fn queued_decisions(&self) -> usize {
+        self.owner.decided.len()
+    }
+
+    /// Whether a registration would find room: fewer than `capacity` requests tracked and
+    /// a slot free. A decided request frees its slot when its last decision is handed out.
+    pub fn has_room(&self) -> bool {
+        self.owner.has_room()
     }
 
     /// Whether no request is tracked.
@@ -441,24 +497,20 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
 
     /// Every edge of `slot` is resolved (`s.outstanding() == 0`): decide, then release and
     /// free at once or, if a failure notice has not settled yet (rule 8), when it has.
-    fn decide_drained(&mut self, slot: u32, s: Snapshot, emit: &mut impl FnMut(Decision)) {
+    fn decide_drained(&mut self, slot: u32, s: Snapshot) {
         let r = self.owner.requests[slot as usize];
-        let key = RequestKey(r.key);
         let now = self.owner.now;
         match s.phase() {
             Phase::Counting if !s.failed() => {
                 self.retire(slot);
                 self.shared.slots[slot as usize].state.free_drained(s);
                 self.owner.counters.completed += 1;
-                emit(Decision::Completed(Drained {
-                    key,
-                    blocks: BlockHandle(r.blocks),
-                }));
+                self.owner.decided.push(slot, Kind::Completed);
                 return;
             }
             Phase::Counting => {
                 self.owner.counters.failed += 1;
-                emit(Decision::Failed(Failed { key }));
+                self.owner.decided.push(slot, Kind::Failed);
             }
             Phase::Aborted | Phase::Expired => {}
             Phase::Free => {
@@ -468,7 +520,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         }
         let settle_end = self.settle_end(slot, s);
         if settle_end <= now {
-            return self.release_drained(slot, s, false, emit);
+            return self.release_drained(slot, s, false);
         }
         // Aborted or expired: the quarantine end (its timer) bounds the wait. `None`: the
         // quarantine timer already fired while this decision waited on the ready ring.
@@ -477,7 +529,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             _ => self.owner.timers.due(slot).unwrap_or(now),
         };
         if quarantine_end <= now {
-            return self.release_drained(slot, s, true, emit);
+            return self.release_drained(slot, s, true);
         }
         let o = &mut *self.owner;
         o.requests[slot as usize].settling = true;
@@ -508,13 +560,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     }
 
     /// Releases and frees drained `slot` (`s.outstanding() == 0`).
-    fn release_drained(
-        &mut self,
-        slot: u32,
-        s: Snapshot,
-        forced: bool,
-        emit: &mut impl FnMut(Decision),
-    ) {
+    fn release_drained(&mut self, slot: u32, s: Snapshot, forced: bool) {
         debug_assert_eq!(s.outstanding(), 0);
         let r = self.owner.requests[slot as usize];
         self.retire(slot);
@@ -526,18 +572,15 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         }
         if forced {
             c.released_forced += 1;
+            self.owner.decided.push(slot, Kind::ReleasedForced);
         } else {
             c.released += 1;
+            self.owner.decided.push(slot, Kind::Released);
         }
-        emit(Decision::Released(Released {
-            key: RequestKey(r.key),
-            blocks: BlockHandle(r.blocks),
-            forced,
-        }));
     }
 
     /// Quarantine over with edges outstanding: free the slot anyway.
-    fn force_release(&mut self, slot: u32, emit: &mut impl FnMut(Decision)) {
+    fn force_release(&mut self, slot: u32) {
         let r = self.owner.requests[slot as usize];
         // Remember the id before the slot can be seen free (the CAS below releases this
         // store): a notice that finds the slot free then finds the tombstone and is
@@ -550,17 +593,14 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         {
             self.retire(slot);
             self.owner.counters.released_forced += 1;
-            emit(Decision::Released(Released {
-                key: RequestKey(r.key),
-                blocks: BlockHandle(r.blocks),
-                forced: true,
-            }));
+            self.owner.decided.push(slot, Kind::ReleasedForced);
         }
-        // AlreadyDrained: the ingest side resolved the last edge; `poll` releases it.
+        // AlreadyDrained: the ingest side resolved the last edge; a pull releases it.
     }
 
-    /// Remembers the id, unlinks it from the index and the timers, and returns the slot to
-    /// the free list (the caller frees the state word).
+    /// Remembers the id and unlinks it from the index and the timers (the caller frees the
+    /// state word and queues the last decision; the slot goes back to the free list when
+    /// that decision is handed out, so its record stays valid until then).
     fn retire(&mut self, slot: u32) {
         let o = &mut *self.owner;
         let r = &mut o.requests[slot as usize];
@@ -569,8 +609,6 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         o.timers.cancel(slot);
         r.live = false;
         r.settling = false;
-        o.free[o.free_len] = slot;
-        o.free_len += 1;
         o.live -= 1;
     }
 }

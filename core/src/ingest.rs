@@ -11,14 +11,14 @@ use crate::ticket::AgentId;
 use crate::wire::{self, Message};
 
 /// What an accepted notice did.
-#[must_use = "after `Decided`, call `Engine::poll` to take the decision out"]
+#[must_use = "after `Decided`, pull `Engine::poll_decision` to take the decision out"]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Noticed {
     /// It resolved an edge; others are still outstanding.
     Counted,
     /// It resolved the request's last edge: a decision (`completed`, `failed` or
-    /// `released`) waits for [`Engine::poll`](crate::Engine::poll).
+    /// `released`) waits for [`Engine::poll_decision`](crate::Engine::poll_decision).
     Decided,
 }
 

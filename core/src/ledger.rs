@@ -100,24 +100,30 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
     }
 
     /// [`Engine::fence`] on one thread.
-    pub fn fence(&mut self, agent: AgentId, emit: impl FnMut(Decision)) -> u32 {
-        self.engine_half().fence(agent, emit)
+    pub fn fence(&mut self, agent: AgentId) -> u32 {
+        self.engine_half().fence(agent)
     }
 
     /// [`Engine::advance`] on one thread.
-    pub fn advance(&mut self, now: Millis, emit: impl FnMut(Decision)) -> Result<(), ClockError> {
-        self.engine_half().advance(now, emit)
-    }
-
-    /// [`Engine::poll`] on one thread.
-    pub fn poll(&mut self, emit: impl FnMut(Decision)) -> usize {
-        self.engine_half().poll(emit)
+    pub fn advance(&mut self, now: Millis) -> Result<(), ClockError> {
+        self.engine_half().advance(now)
     }
 
     /// [`Engine::poll_decision`] on one thread.
     #[must_use = "a decision carries blocks or an outcome the engine must act on"]
+    #[inline]
     pub fn poll_decision(&mut self) -> Option<Decision> {
         self.engine_half().poll_decision()
+    }
+
+    /// [`Engine::decisions`] on one thread.
+    pub fn decisions(&mut self) -> impl Iterator<Item = Decision> + '_ {
+        core::iter::from_fn(move || self.poll_decision())
+    }
+
+    /// [`Engine::queued_decisions`] on one thread.
+    pub fn queued_decisions(&self) -> usize {
+        self.owner.decided.len()
     }
 
     /// The ledger's clock (the last `advance`).
@@ -130,7 +136,8 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
         self.owner.next_timer()
     }
 
-    /// Requests tracked now (quarantined ones included).
+    /// Requests tracked now (quarantined and settling ones included; decided ones whose
+    /// decisions wait to be handed out are not).
     pub fn len(&self) -> usize {
         self.owner.live()
     }
@@ -145,9 +152,12 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
         self.owner.config().capacity
     }
 
-    /// Whether a registration would be refused as full.
+    /// Whether a registration would be refused as full: `capacity` requests tracked, or
+    /// every slot held by a request or by decisions not handed out yet (see
+    /// [`Engine::poll_decision`]; never the case for a caller that pulls after every
+    /// event).
     pub fn is_full(&self) -> bool {
-        self.len() >= self.capacity()
+        !self.owner.has_room()
     }
 
     /// Counters of both halves.

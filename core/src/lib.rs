@@ -46,8 +46,13 @@
 //! ## Drive contract
 //!
 //! **Time enters only through [`advance`](Engine::advance); events enter through
-//! `handle_notification`, `register`, `abort` and `fence`; decisions leave through the
-//! `emit` callbacks of `advance` and `fence` and through `poll_decision` (or `poll`).**
+//! `handle_notification`, `register`, `abort` and `fence`; decisions leave through one
+//! pull, [`poll_decision`](Engine::poll_decision) (or the [`decisions`](Engine::decisions)
+//! iterator over it), in the order they were taken.** `advance` and `fence` make their
+//! transitions at once (a deadline expires at the advance that reaches it, not at the
+//! pull) and queue the decisions; a request whose last edge a notice resolved is decided
+//! at the pull. The queue has fixed room (two decisions per slot, no allocation): a
+//! decided request keeps its slot until its last decision is handed out.
 //!
 //! 1. Create a [`Ledger`] with a [`Config`]; [`split`](Ledger::split) it if notifications
 //!    are drained on another thread.
@@ -56,16 +61,23 @@
 //! 3. For every NIXL notification: [`handle_notification`](Ingest::handle_notification)
 //!    with the sender's [`AgentId`] and the raw bytes.
 //! 4. When it returns [`Noticed::Decided`] (or on each scheduler step), pull each
-//!    [`Decision`] with [`poll_decision`](Engine::poll_decision) (or take them all with
-//!    [`poll`](Engine::poll)) and act on it.
+//!    [`Decision`] with [`poll_decision`](Engine::poll_decision) until `None` and act on
+//!    it.
 //! 5. On each scheduler step, [`advance`](Engine::advance) to the current monotonic time
-//!    in ms ([`next_timer`](Engine::next_timer) says when it matters next): deadlines,
-//!    quarantine ends and settle ends fire there, so a `Released` that waits for a failure
-//!    notice to settle comes out of `advance`, not `poll`. A failure notice counts as
+//!    in ms ([`next_timer`](Engine::next_timer) says when it matters next), then pull:
+//!    deadlines, quarantine ends and settle ends fire at the advance, so a `Released` that
+//!    waits for a failure notice to settle is decided there. A failure notice counts as
 //!    received at the time of the last `advance` before it (each `advance` publishes its
 //!    time to the ingest half; the ingest half reads no clock).
 //! 6. On client cancel, [`abort`](Engine::abort); when the transport knows a producer can no
-//!    longer write (metadata invalidated, peer dead), [`fence`](Engine::fence) it.
+//!    longer write (metadata invalidated, peer dead), [`fence`](Engine::fence) it, then
+//!    pull.
+//!
+//! Pull after every event and the ledger behaves as if decisions left the moment they were
+//! taken. A caller that pulls later gets the same decisions in the same order, but a
+//! decided request holds its slot until its last decision (`Completed` or `Released`) is
+//! handed out: `register` may refuse `Full` ([`Ledger::is_full`] says so) while
+//! [`len`](Ledger::len) counts fewer than `capacity` requests.
 //!
 //! ```
 //! use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration};
@@ -83,17 +95,18 @@
 //! // p1 could not post its write: the failure waits for p0's write to land.
 //! let _ = ledger.handle_notification(p1, b"PUSH_FAIL:cmpl-42-0:2");
 //! let _ = ledger.handle_notification(p0, b"cmpl-42-0:2");
-//! let mut freed = None;
-//! let mut on_decision = |d| match d {
-//!     Decision::Failed(f) => assert_eq!(f.key(), ticket.key()),
-//!     Decision::Released(r) => freed = Some(r.into_free()),
+//! match ledger.poll_decision() {
+//!     Some(Decision::Failed(f)) => assert_eq!(f.key(), ticket.key()),
 //!     other => panic!("unexpected {other:?}"),
-//! };
-//! ledger.poll(&mut on_decision);
+//! }
 //! // p1's write may have failed after it was posted: its blocks settle first (rule 8).
-//! ledger.advance(4_999, &mut on_decision).expect("clock forward");
-//! ledger.advance(5_000, &mut on_decision).expect("clock forward");
-//! assert_eq!(freed, Some(BlockHandle(7)));
+//! ledger.advance(4_999).expect("clock forward");
+//! assert_eq!(ledger.poll_decision(), None);
+//! ledger.advance(5_000).expect("clock forward");
+//! match ledger.poll_decision() {
+//!     Some(Decision::Released(r)) => assert_eq!(r.into_free(), BlockHandle(7)),
+//!     other => panic!("unexpected {other:?}"),
+//! }
 //! ```
 //!
 //! ## Threads
@@ -106,7 +119,7 @@
 //! | thread | methods |
 //! | --- | --- |
 //! | ingest ([`Ingest`]) | [`handle_notification`](Ingest::handle_notification), [`counters`](Ingest::counters) |
-//! | engine ([`Engine`]) | [`register`](Engine::register), [`abort`](Engine::abort), [`abort_id`](Engine::abort_id), [`fence`](Engine::fence), [`advance`](Engine::advance), [`poll`](Engine::poll), [`poll_decision`](Engine::poll_decision), and the getters |
+//! | engine ([`Engine`]) | [`register`](Engine::register), [`abort`](Engine::abort), [`abort_id`](Engine::abort_id), [`fence`](Engine::fence), [`advance`](Engine::advance), [`poll_decision`](Engine::poll_decision), [`decisions`](Engine::decisions), and the getters |
 //! | either, not split ([`Ledger`]) | all of the above, one at a time (`&mut self`) |
 //!
 //! **One ingest thread per ledger.** `Ingest` is neither `Clone` nor `Copy` and `split`
@@ -169,6 +182,7 @@ extern crate std;
 mod broken;
 mod config;
 mod counters;
+mod decided;
 mod engine;
 mod error;
 mod fingerprint;

@@ -5,8 +5,8 @@
 use crate::Millis;
 use crate::config::Config;
 use crate::counters::EngineCounters;
+use crate::decided::Decided;
 use crate::fingerprint::Fingerprint;
-use crate::ticket::Decision;
 use crate::timers::Timers;
 use crate::tombstones::TombstoneAges;
 
@@ -25,6 +25,10 @@ pub(crate) struct Request {
     /// Decided, every edge resolved, waiting for its failure notices to settle: the timer
     /// fires at the settle end (or the quarantine end, if earlier) and releases.
     pub(crate) settling: bool,
+    /// What was owed when the deadline passed, for the `Expired` decision built at
+    /// hand-out: the count in counting mode, the mask of unresolved agents in named-edge
+    /// mode (see [`Outstanding`](crate::Outstanding)).
+    pub(crate) owed_at_expiry: u64,
 }
 
 pub(crate) const VACANT: Request = Request {
@@ -36,6 +40,7 @@ pub(crate) const VACANT: Request = Request {
     fp: Fingerprint { lo: 0, hi: 0 },
     live: false,
     settling: false,
+    owed_at_expiry: 0,
 };
 
 /// Everything only the engine thread touches.
@@ -45,6 +50,7 @@ pub(crate) struct Owner<const N: usize> {
     pub(crate) now: Millis,
     pub(crate) next_key: u64,
     pub(crate) live: usize,
+    /// Slots no request holds and no queued decision names.
     pub(crate) free: [u32; N],
     pub(crate) free_len: usize,
     pub(crate) requests: [Request; N],
@@ -53,9 +59,9 @@ pub(crate) struct Owner<const N: usize> {
     /// Slots touched by one clock advance or fence, sorted into registration order.
     pub(crate) batch: [u32; N],
     pub(crate) counters: EngineCounters,
-    /// The second decision of a request that [`Engine::poll_decision`] decided (`Released`
-    /// after `Failed`), handed out by the next pull.
-    pub(crate) pending: Option<Decision>,
+    /// Decisions taken and not handed out yet, oldest first; a slot goes back to `free`
+    /// when its last one is handed out.
+    pub(crate) decided: Decided<N>,
 }
 
 impl<const N: usize> Owner<N> {
@@ -73,7 +79,7 @@ impl<const N: usize> Owner<N> {
             ages: TombstoneAges::new(),
             batch: [0; N],
             counters: EngineCounters::default(),
-            pending: None,
+            decided: Decided::new(),
         }
     }
     pub(crate) fn now(&self) -> Millis {
@@ -90,5 +96,10 @@ impl<const N: usize> Owner<N> {
     }
     pub(crate) fn next_timer(&self) -> Option<Millis> {
         self.timers.next_due()
+    }
+    /// Whether a registration finds a slot: fewer than `capacity` tracked and a slot free
+    /// (a slot whose decisions wait to be handed out is not free).
+    pub(crate) fn has_room(&self) -> bool {
+        self.live < self.config.capacity && self.free_len > 0
     }
 }

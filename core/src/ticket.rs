@@ -66,7 +66,7 @@ pub struct Registration<'a> {
 
 /// A tracked request whose writes may still land, in counting or named-edge mode (the
 /// type was called `Counting`). Holds no blocks.
-#[must_use = "keep the ticket to abort the request; decisions arrive through `poll`"]
+#[must_use = "keep the ticket to abort the request; decisions arrive through `poll_decision`"]
 #[derive(PartialEq, Eq, Debug)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Pending {

@@ -69,22 +69,26 @@ fn words(decisions: Vec<Decision>) -> Vec<&'static str> {
         .collect()
 }
 
+/// Every decision waiting: those queued and those of drained requests.
 fn poll(l: &mut L) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    l.poll(|d| out.push(d));
-    words(out)
+    words(l.decisions().collect())
+}
+
+/// The decisions the last `advance` or `fence` queued, not those of the ready ring.
+fn queued(l: &mut L) -> Vec<Decision> {
+    (0..l.queued_decisions())
+        .map(|_| l.poll_decision().expect("a queued decision"))
+        .collect()
 }
 
 fn at(l: &mut L, now: u64) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    l.advance(now, |d| out.push(d)).expect("clock forward");
-    words(out)
+    l.advance(now).expect("clock forward");
+    words(queued(l))
 }
 
 fn fence(l: &mut L, agent: AgentId) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    l.fence(agent, |d| out.push(d));
-    words(out)
+    l.fence(agent);
+    words(queued(l))
 }
 
 fn ignored(l: &mut L, agent: AgentId, bytes: &[u8]) -> IgnoreReason {
@@ -190,7 +194,8 @@ fn counting_fence_of_named_agent_fails_its_edge_and_waits_for_the_rest() {
 fn counting_fence_does_not_touch_counting_mode() {
     let mut l = ledger(4);
     let _t = counting(&mut l, "r", 1);
-    assert_eq!(l.fence(P0, |_| panic!("no decision")), 0);
+    assert_eq!(l.fence(P0), 0);
+    assert_eq!(l.queued_decisions(), 0, "no decision");
     assert_eq!(notice(&mut l, P0, b"r:1"), Noticed::Decided);
 }
 
@@ -201,8 +206,8 @@ fn counting_deadline_expires_with_outstanding() {
     let _t = counting(&mut l, "r", 2);
     let _ = notice(&mut l, P0, b"r:2");
     assert!(at(&mut l, 99).is_empty());
-    let mut expired = Vec::new();
-    l.advance(100, |d| expired.push(d)).expect("forward");
+    l.advance(100).expect("forward");
+    let expired = queued(&mut l);
     let [Decision::Expired(q)] = expired.as_slice() else {
         panic!("{expired:?}")
     };
@@ -397,7 +402,8 @@ fn settling_zero_releases_with_the_decision() {
 
 #[test]
 fn decided_pull_hands_out_what_poll_would() {
-    // `poll_decision` is `poll` one decision at a time, settling included.
+    // `poll_decision` one at a time gives what the `decisions` iterator gives, in the
+    // order the notices drained the requests.
     let mut l = settling_ledger(4, 0);
     let _a = named(&mut l, "a");
     let _b = counting(&mut l, "b", 1);
@@ -411,6 +417,118 @@ fn decided_pull_hands_out_what_poll_would() {
     assert_eq!(words(pulled), ["failed", "released", "completed"]);
     assert!(l.poll_decision().is_none());
     assert!(l.is_empty());
+}
+
+#[test]
+fn decided_late_pull_hands_out_in_decision_order_across_operations() {
+    // A caller that does not pull after each event gets every decision in the order it
+    // was taken: the advance's (`a`'s settle-end release, `c`'s expiry and forced
+    // release, in registration order), then `b`'s, drained before the advance and decided
+    // at the pull.
+    let mut l = settling_ledger(4, 50);
+    let _a = named(&mut l, "a");
+    let _b = counting(&mut l, "b", 1);
+    let _c = Ledger::register(
+        &mut l,
+        Registration {
+            id: "c",
+            blocks: BlockHandle(7),
+            expect: Expect::Count(1),
+            deadline_ms: Some(10),
+        },
+    )
+    .expect("registered");
+    let _ = notice(&mut l, P1, b"PUSH_FAIL:a:2");
+    let _ = notice(&mut l, P0, b"a:2");
+    assert_eq!(l.fence(P1), 0, "a's edges are resolved");
+    assert_eq!(l.queued_decisions(), 0, "a is decided at the pull");
+    assert_eq!(poll(&mut l)[..], ["failed"]);
+    let _ = notice(&mut l, P0, b"b:1");
+    l.advance(1020).expect("forward");
+    assert_eq!(
+        l.queued_decisions(),
+        3,
+        "c expired and released, a released"
+    );
+    let keys_in_order: Vec<_> = l.decisions().map(|d| d.key().get()).collect();
+    assert_eq!(keys_in_order, [0, 2, 2, 1]);
+    assert!(l.is_empty());
+}
+
+#[test]
+fn decided_late_pull_keeps_the_slot_until_the_last_decision_is_handed_out() {
+    // Capacity N: a decided request's slot comes back only when its `Completed` or
+    // `Released` is handed out, so the queue can never overflow.
+    let mut l = ledger(8);
+    let tickets: Vec<Pending> = (0..8)
+        .map(|i| counting(&mut l, ["a", "b", "c", "d", "e", "f", "g", "h"][i], 1))
+        .collect();
+    assert!(l.is_full());
+    for id in ["a", "b", "c", "d", "e", "f", "g", "h"] {
+        let _ = notice(&mut l, P0, format!("{id}:1").as_bytes());
+    }
+    // Not pulled yet: the ready ring holds them, the slots are not free.
+    assert_eq!(l.len(), 8);
+    assert!(l.is_full());
+    assert_eq!(poll(&mut l).len(), 8);
+    assert!(!l.is_full());
+    drop(tickets);
+    // Decided at an advance and not pulled: not tracked (len 0), the ids are late, the
+    // slots wait for the hand-out.
+    let tickets: Vec<Pending> = (0..8)
+        .map(|i| counting(&mut l, ["i", "j", "k", "l", "m", "n", "o", "p"][i], 1))
+        .collect();
+    for t in tickets {
+        let _ = l.abort(t).expect("aborted");
+    }
+    l.advance(1000).expect("forward");
+    assert_eq!(l.queued_decisions(), 8);
+    assert_eq!(l.len(), 0);
+    assert!(
+        l.is_full(),
+        "every slot waits for its Released to be handed out"
+    );
+    assert_eq!(ignored(&mut l, P0, b"i:1"), IgnoreReason::Late);
+    let refused = Ledger::register(
+        &mut l,
+        Registration {
+            id: "q",
+            blocks: BlockHandle(7),
+            expect: Expect::Count(1),
+            deadline_ms: None,
+        },
+    )
+    .map(|_| ())
+    .expect_err("no slot free");
+    assert_eq!(refused.kind, RegisterErrorKind::Full);
+    // One hand-out frees one slot.
+    assert_eq!(
+        words(l.poll_decision().into_iter().collect()),
+        ["released!"]
+    );
+    assert!(!l.is_full());
+    let _q = counting(&mut l, "q", 1);
+    assert!(l.is_full());
+    assert_eq!(poll(&mut l), ["released!"; 7]);
+    assert!(!l.is_full());
+}
+
+#[test]
+fn expired_late_pull_reports_what_was_owed_at_the_deadline() {
+    // The `Expired` decision is taken at the advance; an edge resolved before the pull
+    // does not change what it reports.
+    let mut l = ledger(4);
+    let _t = named(&mut l, "r");
+    l.advance(100).expect("forward");
+    assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Counted);
+    let Some(Decision::Expired(q)) = l.poll_decision() else {
+        panic!("expired first")
+    };
+    assert_eq!(q.outstanding(), Outstanding::Edges(0b11));
+    assert_eq!(q.cause(), QuarantineCause::Expired);
+    assert_eq!(poll(&mut l), Vec::<&str>::new());
+    assert_eq!(notice(&mut l, P1, b"r:2"), Noticed::Decided);
+    assert_eq!(poll(&mut l), ["released"]);
 }
 
 // ---- Aborted / Expired (quarantined) ----
@@ -639,7 +757,7 @@ fn clock_going_backwards_is_refused() {
     let mut l = ledger(4);
     let _ = at(&mut l, 10);
     assert_eq!(
-        l.advance(9, |_| {}),
+        l.advance(9),
         Err(ClockError::Backwards { last: 10, now: 9 })
     );
     assert_eq!(l.now(), 10);
@@ -656,7 +774,7 @@ fn deadlines_fire_in_registration_order_not_deadline_order() {
     };
     let first = l.register(r("late-deadline", 50)).expect("ok").key();
     let second = l.register(r("early-deadline", 10)).expect("ok").key();
-    let mut keys = Vec::new();
-    l.advance(60, |d| keys.push(d.key())).expect("forward");
+    l.advance(60).expect("forward");
+    let keys: Vec<_> = queued(&mut l).iter().map(Decision::key).collect();
     assert_eq!(keys, [first, second]);
 }

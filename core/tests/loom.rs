@@ -361,15 +361,36 @@ impl Judge {
         }
     }
 
+    /// Pulls every decision waiting; returns the number of requests they were for (a
+    /// request's decisions come out one after the other).
     fn poll<const N: usize, const E: usize>(&mut self, engine: &mut Engine<'_, N, E>) -> usize {
-        engine.poll(|d| self.decision(d))
+        let mut requests = 0;
+        let mut last = None;
+        while let Some(d) = engine.poll_decision() {
+            if last != Some(d.key()) {
+                requests += 1;
+                last = Some(d.key());
+            }
+            self.decision(d);
+        }
+        requests
+    }
+
+    /// Pulls exactly the decisions the last `advance` or `fence` queued (not those of
+    /// requests the ingest thread drained: `poll` takes those).
+    fn queued<const N: usize, const E: usize>(&mut self, engine: &mut Engine<'_, N, E>) {
+        for _ in 0..engine.queued_decisions() {
+            let d = engine.poll_decision().expect("a queued decision");
+            self.decision(d);
+        }
     }
 
     fn advance<const N: usize, const E: usize>(&mut self, engine: &mut Engine<'_, N, E>, now: u64) {
         self.now = now;
         engine
-            .advance(now, |d| self.decision(d))
+            .advance(now)
             .expect("the models' clocks only go forward");
+        self.queued(engine);
     }
 
     /// Fences `agent`; returns the number of edges it resolved.
@@ -380,7 +401,8 @@ impl Judge {
     ) -> u32 {
         self.fenced.push(agent);
         self.log.push(format!("fence(p{agent})"));
-        let resolved = engine.fence(AgentId(agent), |d| self.decision(d));
+        let resolved = engine.fence(AgentId(agent));
+        self.queued(engine);
         self.log.push(format!("={resolved}"));
         if resolved == 0 {
             // Its notice resolved the edge first: the write counts as landed again.

@@ -281,7 +281,6 @@ struct EngineState {
     now: u64,
     counters: ConsumerCounters,
     events: VecDeque<ConsumerEvent>,
-    scratch: Vec<Decision>,
 }
 
 /// What the ingest half counts.
@@ -359,7 +358,6 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
                 now: 0,
                 counters: ConsumerCounters::default(),
                 events: VecDeque::with_capacity(N),
-                scratch: Vec::with_capacity(N),
             },
             inbox: Vec::new(),
         }
@@ -750,25 +748,36 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         };
         tracing::warn!(agent = name, cause = "fence", "producer fenced");
         self.state.counters.fences += 1;
-        let mut decisions = std::mem::take(&mut self.state.scratch);
-        let resolved = self.engine.fence(id, |d| decisions.push(d));
+        let resolved = self.engine.fence(id);
         self.state.counters.fenced_edges += u64::from(resolved);
-        for d in decisions.drain(..) {
-            self.state.queue(d);
-        }
-        self.state.scratch = decisions;
+        self.take_queued();
         resolved
     }
 
+    /// Takes the decisions the last core `fence` or `advance` queued, in order (those of
+    /// requests the ingest half drained stay for [`take_ready`](Self::take_ready)).
+    fn take_queued(&mut self) {
+        for _ in 0..self.engine.queued_decisions() {
+            match self.engine.poll_decision() {
+                Some(d) => self.state.queue(d),
+                None => break,
+            }
+        }
+    }
+
     /// Takes the decisions the ingest half made ready; returns how many ready requests
-    /// were taken (each gives one or two events).
+    /// were taken (each gives one or two events, one after the other).
     pub fn take_ready(&mut self) -> usize {
-        let mut decisions = std::mem::take(&mut self.state.scratch);
-        let taken = self.engine.poll(|d| decisions.push(d));
-        for d in decisions.drain(..) {
+        let mut taken = 0;
+        let mut last = None;
+        while let Some(d) = self.engine.poll_decision() {
+            let key = d.key();
+            if last != Some(key) {
+                taken += 1;
+                last = Some(key);
+            }
             self.state.queue(d);
         }
-        self.state.scratch = decisions;
         taken
     }
 
@@ -816,13 +825,9 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     pub fn advance(&mut self, now_ms: u64) {
         self.state.now = self.state.now.max(now_ms);
         let now = self.state.now;
-        let mut decisions = std::mem::take(&mut self.state.scratch);
         // The driver's clock only moves forward: `advance` cannot refuse it.
-        let _ = self.engine.advance(now, |d| decisions.push(d));
-        for d in decisions.drain(..) {
-            self.state.queue(d);
-        }
-        self.state.scratch = decisions;
+        let _ = self.engine.advance(now);
+        self.take_queued();
     }
 
     /// The next decision for the engine.

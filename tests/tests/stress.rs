@@ -477,7 +477,18 @@ impl EngineRun<'_> {
 
     fn poll<const M: usize, const F: usize>(&mut self, engine: &mut Engine<'_, M, F>) {
         self.polls += 1;
-        engine.poll(|d| self.decision(d));
+        while let Some(d) = engine.poll_decision() {
+            self.decision(d);
+        }
+    }
+
+    /// The decisions the last `fence` or `advance` queued, and not those of requests the
+    /// ingest thread drained since (`poll` takes those).
+    fn queued<const M: usize, const F: usize>(&mut self, engine: &mut Engine<'_, M, F>) {
+        for _ in 0..engine.queued_decisions() {
+            let d = engine.poll_decision().expect("a queued decision");
+            self.decision(d);
+        }
     }
 
     /// A settled request's notices are all out: take its decision, or abort it.
@@ -625,23 +636,22 @@ fn engine_thread<'s, const M: usize, const F: usize>(
             let agent = 8 + rng.below(8) as u16;
             run.fenced[agent as usize] = true;
             run.fences += 1;
-            let resolved = engine.fence(AgentId(agent), |d| run.decision(d));
+            let resolved = engine.fence(AgentId(agent));
+            run.queued(engine);
             run.fenced_edges += u64::from(resolved);
         }
         let now = handled / NOTICES_PER_MS;
         if now > engine.now() {
             run.advances += 1;
-            engine
-                .advance(now, |d| run.decision(d))
-                .expect("clock forward");
+            engine.advance(now).expect("clock forward");
+            run.queued(engine);
         }
         run.poll(engine);
     }
     // The ingest thread is done: drain every timer.
     run.poll(engine);
-    engine
-        .advance(FAR, |d| run.decision(d))
-        .expect("clock forward");
+    engine.advance(FAR).expect("clock forward");
+    run.queued(engine);
     run.poll(engine);
     run
 }
@@ -867,7 +877,9 @@ fn replay_settled(run: &EngineRun<'_>, log: &IngestLog, config: Config) -> usize
                 spec.id
             );
         }
-        ledger.poll(|d| record(d, &mut history));
+        for d in ledger.decisions() {
+            record(d, &mut history);
+        }
         let mut quarantined_with = None;
         if history.is_empty() {
             match ledger.abort(ticket) {
@@ -878,9 +890,10 @@ fn replay_settled(run: &EngineRun<'_>, log: &IngestLog, config: Config) -> usize
                 Err(e) => panic!("replay: abort of {} refused: {e}", spec.id),
             }
             let until = ledger.now() + QUARANTINE;
-            ledger
-                .advance(until, |d| record(d, &mut history))
-                .expect("clock forward");
+            ledger.advance(until).expect("clock forward");
+            for d in ledger.decisions() {
+                record(d, &mut history);
+            }
         }
         let o = &run.outcomes[seq];
         assert_eq!(

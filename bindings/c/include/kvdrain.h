@@ -85,15 +85,12 @@ enum kvdrain_status
   KVDRAIN_ERR_STALE = 13,
   // Advance: the time is earlier than the ledger's clock; nothing changed.
   KVDRAIN_ERR_CLOCK_BACKWARDS = 14,
-  // Advance or fence: too many decisions wait to be taken out; call
-  // `kvdrain_engine_poll` until it returns fewer than asked, then call again.
-  KVDRAIN_ERR_PENDING = 15,
   // Encode: the output buffer is too short; nothing was written.
-  KVDRAIN_ERR_BUFFER_TOO_SMALL = 16,
+  KVDRAIN_ERR_BUFFER_TOO_SMALL = 15,
   // Push plan: the edge is not in a state that allows this step.
-  KVDRAIN_ERR_WRONG_STATE = 17,
+  KVDRAIN_ERR_WRONG_STATE = 16,
   // Push plan: the request was retired on this producer; nothing more may be posted.
-  KVDRAIN_ERR_RETIRED = 18,
+  KVDRAIN_ERR_RETIRED = 17,
 };
 #ifndef __cplusplus
 typedef uint32_t kvdrain_status;
@@ -312,7 +309,9 @@ typedef struct kvdrain_engine_info {
   uint64_t next_timer_ms;
   // Requests tracked now (quarantined ones included).
   size_t tracked;
-  // Decisions taken from the core that wait for `kvdrain_engine_poll`.
+  // Decisions `kvdrain_engine_advance` and `kvdrain_engine_fence` took that wait for
+  // `kvdrain_engine_poll` (those of requests the ingest half drained are taken by the
+  // poll and not counted).
   size_t queued_decisions;
   // Keys whose requests are still counting (abortable).
   size_t live_keys;
@@ -382,7 +381,8 @@ kvdrain_status kvdrain_config_default(uint32_t capacity, struct kvdrain_config *
 // Starts tracking a request; writes its key (registration order, from 0) to `*key_out`
 // unless `key_out` is NULL. Engine thread.
 //
-// Errors (nothing changed): `KVDRAIN_ERR_FULL`, `KVDRAIN_ERR_DUPLICATE_ID`,
+// Errors (nothing changed): `KVDRAIN_ERR_FULL` (`capacity` requests tracked, or decided
+// requests wait for `kvdrain_engine_poll` with their slots), `KVDRAIN_ERR_DUPLICATE_ID`,
 // `KVDRAIN_ERR_BAD_COUNT`, `KVDRAIN_ERR_BAD_EDGES`, `KVDRAIN_ERR_INVALID` (id not UTF-8,
 // or both a count and agents), `KVDRAIN_ERR_NULL`.
 //
@@ -425,9 +425,13 @@ kvdrain_status kvdrain_engine_abort_id(struct kvdrain_engine *engine,
 // written on return. Nothing is allocated. When `*n` comes back equal to the room given,
 // more may wait: call again. Engine thread.
 //
-// This is where `COMPLETED`, `FAILED` and `RELEASED` decisions of requests whose last
-// notice the ingest half fed come out, and also those queued by `kvdrain_engine_advance`
-// and `kvdrain_engine_fence`.
+// Every decision comes out here, in the order it was taken: those `kvdrain_engine_advance`
+// and `kvdrain_engine_fence` took (they wait in the core, in fixed room allocated with
+// the ledger), then `COMPLETED`, `FAILED` and `RELEASED` of requests whose last notice
+// the ingest half fed (decided by this call). Poll until fewer than asked come back
+// after every call that can decide: a decided request keeps its slot until its last
+// decision (`COMPLETED` or `RELEASED`) is taken out, so a caller that polls late may see
+// `KVDRAIN_ERR_FULL` with fewer than `capacity` requests tracked.
 //
 // # Safety
 // `engine` is NULL or a live engine handle; `n` is NULL or points to the room in `out`;
@@ -438,10 +442,10 @@ kvdrain_status kvdrain_engine_poll(struct kvdrain_engine *engine,
 
 // Advances the clock to `now_ms` (your monotonic clock, in ms) and decides every deadline
 // and quarantine end at or before it, in registration order: `EXPIRED`, and a forced
-// `RELEASED` when a quarantine is over. The decisions wait for `kvdrain_engine_poll`.
-// Engine thread.
+// `RELEASED` when a quarantine is over (or `RELEASED` when a failure notice has settled).
+// The decisions wait for `kvdrain_engine_poll`. Engine thread.
 //
-// Errors (nothing changed): `KVDRAIN_ERR_CLOCK_BACKWARDS`, `KVDRAIN_ERR_PENDING`.
+// Errors (nothing changed): `KVDRAIN_ERR_CLOCK_BACKWARDS`.
 //
 // # Safety
 // `engine` is NULL or a live engine handle.
@@ -453,8 +457,6 @@ kvdrain_status kvdrain_engine_advance(struct kvdrain_engine *engine, uint64_t no
 // `RELEASED`, or `RELEASED` for aborted/expired ones); the decisions wait for
 // `kvdrain_engine_poll`. Writes the number of edges resolved to `*resolved` unless NULL.
 // Engine thread.
-//
-// Errors (nothing changed): `KVDRAIN_ERR_PENDING`.
 //
 // # Safety
 // `engine` is NULL or a live engine handle; `resolved` is NULL or writable.
@@ -533,8 +535,8 @@ kvdrain_status kvdrain_ingest_get_counters(struct kvdrain_ingest *ingest,
 void kvdrain_ingest_free(struct kvdrain_ingest *ingest);
 
 // Builds a ledger with `*config` and writes its handle to `*out`: `Ledger<65536, 8>` on
-// the heap (12.6 MiB whatever the capacity) plus the engine's decision queue and key
-// table (about 192 bytes per unit of capacity, 12 MiB at 65 536). Any thread. Free it with
+// the heap (13.8 MiB whatever the capacity, its decision queue included) plus the
+// engine's key table (64–128 bytes per unit of capacity). Any thread. Free it with
 // `kvdrain_ledger_free`.
 //
 // Errors: `KVDRAIN_ERR_NULL`, `KVDRAIN_ERR_INVALID` (capacity outside

@@ -1,13 +1,9 @@
-//! Decisions as plain C structs, and the queue that holds those taken from the core
-//! before the caller takes them out.
+//! Decisions as plain C structs, and the caller's array they are pulled into.
 //!
-//! `advance` and `fence` decide requests inside the call, and the core's `poll` hands out
-//! every ready decision at once; the caller's array may be smaller. So decisions the
-//! caller has no room for wait in a ring allocated once with the ledger: `4 × capacity`
-//! entries. One core call emits at most `2 × capacity` decisions (each tracked request at
-//! most a `failed`/`expired` and a `released`), so the engine only calls into the core
-//! while `2 × capacity` entries are free, and `KVDRAIN_ERR_PENDING` asks the caller to poll
-//! first otherwise. Nothing is dropped, nothing is allocated per call.
+//! Decisions wait in the core's own fixed queue (`advance` and `fence` queue theirs; a
+//! drained request is decided at the pull) until `kvdrain_engine_poll` pulls them one at a
+//! time, only as many as the caller's array has room for. Nothing is copied twice,
+//! dropped or allocated per call.
 
 use core::mem::MaybeUninit;
 
@@ -149,71 +145,6 @@ impl kvdrain_decision {
     #[inline]
     pub(crate) fn ends_ticket(&self) -> bool {
         self.kind != kvdrain_decision_kind::KVDRAIN_RELEASED
-    }
-}
-
-/// A fixed ring of decisions waiting for the caller.
-#[derive(Debug)]
-pub(crate) struct Queue {
-    ring: Box<[kvdrain_decision]>,
-    head: usize,
-    len: usize,
-    /// Entries that must be free before a call into the core.
-    reserve: usize,
-}
-
-impl Queue {
-    /// A queue for a ledger of `capacity` requests.
-    pub(crate) fn for_capacity(capacity: usize) -> Self {
-        let reserve = 2 * capacity.max(1);
-        let empty = kvdrain_decision {
-            key: 0,
-            blocks: 0,
-            outstanding: 0,
-            kind: kvdrain_decision_kind::KVDRAIN_COMPLETED,
-            forced: 0,
-            named: 0,
-        };
-        Queue {
-            ring: vec![empty; 2 * reserve].into_boxed_slice(),
-            head: 0,
-            len: 0,
-            reserve,
-        }
-    }
-
-    /// Whether one more core call fits whatever it emits.
-    pub(crate) fn has_reserve(&self) -> bool {
-        self.ring.len() - self.len >= self.reserve
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Appends `d`.
-    ///
-    /// # Panics
-    /// If the ring is full, which [`has_reserve`](Self::has_reserve) before every core
-    /// call rules out (an internal invariant).
-    pub(crate) fn push(&mut self, d: kvdrain_decision) {
-        assert!(self.len < self.ring.len(), "decision queue overflow");
-        let at = (self.head + self.len) % self.ring.len();
-        self.ring[at] = d;
-        self.len += 1;
-    }
-
-    /// Moves the oldest decisions into `out` while it has room.
-    pub(crate) fn drain_into(&mut self, out: &mut Out<'_>) {
-        while self.len > 0 && !out.is_full() {
-            out.push(self.ring[self.head]);
-            self.head = (self.head + 1) % self.ring.len();
-            self.len -= 1;
-        }
     }
 }
 

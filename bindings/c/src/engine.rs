@@ -7,19 +7,20 @@ use kvdrain::{
     RegisterErrorKind, Registration,
 };
 
-use crate::decisions::{Out, Queue, kvdrain_decision, kvdrain_quarantined};
+use crate::decisions::{Out, kvdrain_decision, kvdrain_quarantined};
 use crate::group::{CoreEngine, kvdrain_engine, with_half};
 use crate::status::kvdrain_status::{self, *};
 use crate::status::{span, write_opt};
 use crate::tickets::{Lookup, Tickets};
 
-/// What the engine handle holds: the core half, the tickets of the keys it handed out,
-/// and the decisions taken from the core that the caller has not taken out yet.
+/// What the engine handle holds: the core half and the tickets of the keys it handed out.
+/// Decisions wait in the core's own queue until `kvdrain_engine_poll` pulls them.
 #[derive(Debug)]
 pub(crate) struct EngineSide {
     pub(crate) engine: CoreEngine,
     tickets: Tickets,
-    queue: Queue,
+    /// The ledger's capacity: the most tickets kept at once.
+    capacity: usize,
 }
 
 impl EngineSide {
@@ -27,7 +28,7 @@ impl EngineSide {
         EngineSide {
             engine,
             tickets: Tickets::with_capacity(capacity),
-            queue: Queue::for_capacity(capacity),
+            capacity,
         }
     }
 }
@@ -163,6 +164,13 @@ fn register(side: &mut EngineSide, r: &kvdrain_registration, key_out: *mut u64) 
         expect,
         deadline_ms: (r.deadline_ms != 0).then_some(r.deadline_ms),
     };
+    // A ticket is forgotten when its decision is polled, so a caller that polls late
+    // keeps the tickets of decided requests: where the core would take one more request
+    // than the table holds, refuse as full (the core refuses everything else itself, in
+    // its own order: a prompt poller never gets here).
+    if side.tickets.len() >= side.capacity && side.engine.has_room() {
+        return KVDRAIN_ERR_FULL;
+    }
     match side.engine.register(registration) {
         Ok(ticket) => {
             let key = ticket.key().get();
@@ -183,7 +191,8 @@ fn register(side: &mut EngineSide, r: &kvdrain_registration, key_out: *mut u64) 
 /// Starts tracking a request; writes its key (registration order, from 0) to `*key_out`
 /// unless `key_out` is NULL. Engine thread.
 ///
-/// Errors (nothing changed): `KVDRAIN_ERR_FULL`, `KVDRAIN_ERR_DUPLICATE_ID`,
+/// Errors (nothing changed): `KVDRAIN_ERR_FULL` (`capacity` requests tracked, or decided
+/// requests wait for `kvdrain_engine_poll` with their slots), `KVDRAIN_ERR_DUPLICATE_ID`,
 /// `KVDRAIN_ERR_BAD_COUNT`, `KVDRAIN_ERR_BAD_EDGES`, `KVDRAIN_ERR_INVALID` (id not UTF-8,
 /// or both a count and agents), `KVDRAIN_ERR_NULL`.
 ///
@@ -282,37 +291,31 @@ pub unsafe extern "C" fn kvdrain_engine_abort_id(
     }
 }
 
+/// Pulls decisions from the core straight into the caller's array while it has room.
 fn poll(side: &mut EngineSide, out: &mut Out<'_>) {
-    side.queue.drain_into(out);
-    if !side.queue.is_empty() || out.is_full() {
-        return;
-    }
-    // The queue is empty, so it has room for whatever one core call emits.
-    let EngineSide {
-        engine,
-        tickets,
-        queue,
-    } = side;
-    engine.poll(|d| {
+    while !out.is_full() {
+        let Some(d) = side.engine.poll_decision() else {
+            return;
+        };
         let d = kvdrain_decision::from_core(d);
         if d.ends_ticket() {
-            tickets.forget(d.key);
+            side.tickets.forget(d.key);
         }
-        if out.is_full() {
-            queue.push(d);
-        } else {
-            out.push(d);
-        }
-    });
+        out.push(d);
+    }
 }
 
 /// Takes decisions out, oldest first: `*n` is the room in `out` on entry and the number
 /// written on return. Nothing is allocated. When `*n` comes back equal to the room given,
 /// more may wait: call again. Engine thread.
 ///
-/// This is where `COMPLETED`, `FAILED` and `RELEASED` decisions of requests whose last
-/// notice the ingest half fed come out, and also those queued by `kvdrain_engine_advance`
-/// and `kvdrain_engine_fence`.
+/// Every decision comes out here, in the order it was taken: those `kvdrain_engine_advance`
+/// and `kvdrain_engine_fence` took (they wait in the core, in fixed room allocated with
+/// the ledger), then `COMPLETED`, `FAILED` and `RELEASED` of requests whose last notice
+/// the ingest half fed (decided by this call). Poll until fewer than asked come back
+/// after every call that can decide: a decided request keeps its slot until its last
+/// decision (`COMPLETED` or `RELEASED`) is taken out, so a caller that polls late may see
+/// `KVDRAIN_ERR_FULL` with fewer than `capacity` requests tracked.
 ///
 /// # Safety
 /// `engine` is NULL or a live engine handle; `n` is NULL or points to the room in `out`;
@@ -346,34 +349,12 @@ pub unsafe extern "C" fn kvdrain_engine_poll(
     }
 }
 
-/// Runs one deciding core call whose decisions go to the queue, if it has room for them.
-fn queued(
-    side: &mut EngineSide,
-    call: impl FnOnce(&mut CoreEngine, &mut dyn FnMut(kvdrain::Decision)) -> kvdrain_status,
-) -> kvdrain_status {
-    if !side.queue.has_reserve() {
-        return KVDRAIN_ERR_PENDING;
-    }
-    let EngineSide {
-        engine,
-        tickets,
-        queue,
-    } = side;
-    call(engine, &mut |d| {
-        let d = kvdrain_decision::from_core(d);
-        if d.ends_ticket() {
-            tickets.forget(d.key);
-        }
-        queue.push(d);
-    })
-}
-
 /// Advances the clock to `now_ms` (your monotonic clock, in ms) and decides every deadline
 /// and quarantine end at or before it, in registration order: `EXPIRED`, and a forced
-/// `RELEASED` when a quarantine is over. The decisions wait for `kvdrain_engine_poll`.
-/// Engine thread.
+/// `RELEASED` when a quarantine is over (or `RELEASED` when a failure notice has settled).
+/// The decisions wait for `kvdrain_engine_poll`. Engine thread.
 ///
-/// Errors (nothing changed): `KVDRAIN_ERR_CLOCK_BACKWARDS`, `KVDRAIN_ERR_PENDING`.
+/// Errors (nothing changed): `KVDRAIN_ERR_CLOCK_BACKWARDS`.
 ///
 /// # Safety
 /// `engine` is NULL or a live engine handle.
@@ -384,11 +365,9 @@ pub unsafe extern "C" fn kvdrain_engine_advance(
 ) -> kvdrain_status {
     // SAFETY: as documented.
     unsafe {
-        with_half(engine, |side| {
-            queued(side, |engine, emit| match engine.advance(now_ms, emit) {
-                Ok(()) => KVDRAIN_OK,
-                Err(ClockError::Backwards { .. }) => KVDRAIN_ERR_CLOCK_BACKWARDS,
-            })
+        with_half(engine, |side| match side.engine.advance(now_ms) {
+            Ok(()) => KVDRAIN_OK,
+            Err(ClockError::Backwards { .. }) => KVDRAIN_ERR_CLOCK_BACKWARDS,
         })
     }
 }
@@ -399,8 +378,6 @@ pub unsafe extern "C" fn kvdrain_engine_advance(
 /// `RELEASED`, or `RELEASED` for aborted/expired ones); the decisions wait for
 /// `kvdrain_engine_poll`. Writes the number of edges resolved to `*resolved` unless NULL.
 /// Engine thread.
-///
-/// Errors (nothing changed): `KVDRAIN_ERR_PENDING`.
 ///
 /// # Safety
 /// `engine` is NULL or a live engine handle; `resolved` is NULL or writable.
@@ -413,11 +390,9 @@ pub unsafe extern "C" fn kvdrain_engine_fence(
     // SAFETY: as documented.
     unsafe {
         with_half(engine, |side| {
-            queued(side, |engine, emit| {
-                let n = engine.fence(AgentId(agent), emit);
-                write_opt(resolved, n);
-                KVDRAIN_OK
-            })
+            let n = side.engine.fence(AgentId(agent));
+            write_opt(resolved, n);
+            KVDRAIN_OK
         })
     }
 }
@@ -454,7 +429,9 @@ pub struct kvdrain_engine_info {
     pub next_timer_ms: u64,
     /// Requests tracked now (quarantined ones included).
     pub tracked: usize,
-    /// Decisions taken from the core that wait for `kvdrain_engine_poll`.
+    /// Decisions `kvdrain_engine_advance` and `kvdrain_engine_fence` took that wait for
+    /// `kvdrain_engine_poll` (those of requests the ingest half drained are taken by the
+    /// poll and not counted).
     pub queued_decisions: usize,
     /// Keys whose requests are still counting (abortable).
     pub live_keys: usize,
@@ -479,7 +456,7 @@ pub unsafe extern "C" fn kvdrain_engine_get_info(
                 now_ms: side.engine.now(),
                 next_timer_ms: side.engine.next_timer().unwrap_or(KVDRAIN_NO_TIMER),
                 tracked: side.engine.len(),
-                queued_decisions: side.queue.len(),
+                queued_decisions: side.engine.queued_decisions(),
                 live_keys: side.tickets.len(),
             };
             write_opt(out, info);

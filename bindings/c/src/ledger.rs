@@ -6,8 +6,8 @@ use crate::status::boundary;
 use crate::status::kvdrain_status::{self, *};
 
 /// Builds a ledger with `*config` and writes its handle to `*out`: `Ledger<65536, 8>` on
-/// the heap (12.6 MiB whatever the capacity) plus the engine's decision queue and key
-/// table (about 192 bytes per unit of capacity, 12 MiB at 65 536). Any thread. Free it with
+/// the heap (13.8 MiB whatever the capacity, its decision queue included) plus the
+/// engine's key table (64–128 bytes per unit of capacity). Any thread. Free it with
 /// `kvdrain_ledger_free`.
 ///
 /// Errors: `KVDRAIN_ERR_NULL`, `KVDRAIN_ERR_INVALID` (capacity outside

@@ -45,8 +45,8 @@
 //!
 //! ## What the binding adds to the core, and why
 //!
-//! * **One instantiation**, `Ledger<65536, 8>` built on the heap (12.6 MiB, plus about
-//!   192 B per unit of capacity for the decision queue and the key table; capacity,
+//! * **One instantiation**, `Ledger<65536, 8>` built on the heap (13.8 MiB, decisions
+//!   queued in it, plus 64–128 B per unit of capacity for the key table; capacity,
 //!   deadline, quarantine and seed are run-time configuration). It is built on a thread
 //!   with a big stack, because `Ledger::new` returns the ledger by value.
 //! * **Ownership** (`group.rs`): the halves borrow the ledger; the three handles live in
@@ -55,8 +55,9 @@
 //!   ledger returns `KVDRAIN_ERR_FREED`.
 //! * **Keys for tickets** (`tickets.rs`): the engine keeps each `Pending` ticket under
 //!   its key; a key used up returns `KVDRAIN_ERR_STALE` where Rust would not compile.
-//! * **A decision queue** (`decisions.rs`), allocated with the ledger, for decisions your
-//!   array had no room for.
+//! * **Decisions pulled into your array** (`decisions.rs`): `kvdrain_engine_poll` pulls
+//!   the core's queued decisions one at a time, only as many as your array holds; the rest
+//!   wait in the core.
 //! * **A panic boundary** on every entry point: a panic becomes `KVDRAIN_ERR_PANIC` and
 //!   poisons the handle; nothing unwinds into C. NULL pointers and bad lengths are status
 //!   codes.

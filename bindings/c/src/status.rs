@@ -44,15 +44,12 @@ pub enum kvdrain_status {
     KVDRAIN_ERR_STALE = 13,
     /// Advance: the time is earlier than the ledger's clock; nothing changed.
     KVDRAIN_ERR_CLOCK_BACKWARDS = 14,
-    /// Advance or fence: too many decisions wait to be taken out; call
-    /// `kvdrain_engine_poll` until it returns fewer than asked, then call again.
-    KVDRAIN_ERR_PENDING = 15,
     /// Encode: the output buffer is too short; nothing was written.
-    KVDRAIN_ERR_BUFFER_TOO_SMALL = 16,
+    KVDRAIN_ERR_BUFFER_TOO_SMALL = 15,
     /// Push plan: the edge is not in a state that allows this step.
-    KVDRAIN_ERR_WRONG_STATE = 17,
+    KVDRAIN_ERR_WRONG_STATE = 16,
     /// Push plan: the request was retired on this producer; nothing more may be posted.
-    KVDRAIN_ERR_RETIRED = 18,
+    KVDRAIN_ERR_RETIRED = 17,
 }
 
 use kvdrain_status::*;
@@ -76,7 +73,6 @@ impl kvdrain_status {
             KVDRAIN_ERR_LATE => "the request was decided first\0",
             KVDRAIN_ERR_STALE => "the ticket of this key was used up already\0",
             KVDRAIN_ERR_CLOCK_BACKWARDS => "the clock went backwards; nothing changed\0",
-            KVDRAIN_ERR_PENDING => "too many decisions wait; poll them first\0",
             KVDRAIN_ERR_BUFFER_TOO_SMALL => "output buffer too short; nothing written\0",
             KVDRAIN_ERR_WRONG_STATE => "the edge is not in a state that allows this step\0",
             KVDRAIN_ERR_RETIRED => "the request was retired on this producer\0",
@@ -85,7 +81,7 @@ impl kvdrain_status {
 
     /// Every status, in numeric order (for tests and the message table).
     /// cbindgen:ignore
-    pub(crate) const ALL: [kvdrain_status; 19] = [
+    pub(crate) const ALL: [kvdrain_status; 18] = [
         KVDRAIN_OK,
         KVDRAIN_ERR_NULL,
         KVDRAIN_ERR_INVALID,
@@ -101,7 +97,6 @@ impl kvdrain_status {
         KVDRAIN_ERR_LATE,
         KVDRAIN_ERR_STALE,
         KVDRAIN_ERR_CLOCK_BACKWARDS,
-        KVDRAIN_ERR_PENDING,
         KVDRAIN_ERR_BUFFER_TOO_SMALL,
         KVDRAIN_ERR_WRONG_STATE,
         KVDRAIN_ERR_RETIRED,

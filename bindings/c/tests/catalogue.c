@@ -560,53 +560,36 @@ static void test_settle_zero_is_vllm(void) {
     close_ledger(&f);
 }
 
-/* Decisions the caller's array has no room for wait; advance refuses to decide more than
- * the queue can hold. */
-static void test_queue_and_pending(void) {
+/* Decisions wait in the core until polled, in the order they were taken, however small
+ * the caller's array; a request decided and not polled keeps its key's ticket, so a caller
+ * that polls late can be refused FULL with nothing tracked. */
+static void test_late_poll(void) {
     fixture f = open_ledger(4, 10, 10);
     kvdrain_decision d[64];
     char id[32];
-    uint64_t t = 0;
-    size_t expired = 0, released = 0;
-    int pending_seen = 0;
-    for (int round = 0; round < 8; round++) {
+    uint64_t keys[4];
+    for (int round = 0; round < 3; round++) {
         for (int i = 0; i < 4; i++) {
             snprintf(id, sizeof id, "q%d-%d", round, i);
-            OK(reg(&f, id, (uint64_t)(round * 4 + i), 1, NULL, 0, 0, NULL));
+            OK(reg(&f, id, (uint64_t)i, 1, NULL, 0, 0, &keys[i]));
         }
-        t += 10;
-        kvdrain_status s = kvdrain_engine_advance(f.engine, t);
-        if (s == KVDRAIN_ERR_PENDING) {
-            pending_seen = 1;
-            size_t n = poll_all(&f, d, 64, 3);
-            for (size_t j = 0; j < n; j++) {
-                expired += d[j].kind == KVDRAIN_EXPIRED;
-                released += d[j].kind == KVDRAIN_RELEASED;
-            }
-            OK(kvdrain_engine_advance(f.engine, t));
-        } else {
-            CHECK(s == KVDRAIN_OK);
+        uint64_t t = 20 * (uint64_t)round;
+        OK(kvdrain_engine_advance(f.engine, t + 10)); /* every deadline */
+        OK(kvdrain_engine_advance(f.engine, t + 20)); /* every quarantine end */
+        kvdrain_engine_info info;
+        OK(kvdrain_engine_get_info(f.engine, &info));
+        CHECK(info.queued_decisions == 8);
+        CHECK(info.tracked == 0);
+        EXPECT(reg(&f, "late", 9, 1, NULL, 0, 0, NULL), KVDRAIN_ERR_FULL);
+        CHECK(poll_all(&f, d, 64, 3) == 8);
+        for (int i = 0; i < 4; i++) {
+            CHECK(d[i].kind == KVDRAIN_EXPIRED && d[i].key == keys[i]);
+            CHECK(d[i].outstanding == 1);
+            expect_decision(&d[4 + i], KVDRAIN_RELEASED, keys[i], (uint64_t)i, 1);
         }
-        /* Leave the decisions queued: the expiries and forced releases pile up. */
-        t += 10;
-        s = kvdrain_engine_advance(f.engine, t);
-        if (s == KVDRAIN_ERR_PENDING) {
-            pending_seen = 1;
-            size_t n = poll_all(&f, d, 64, 3);
-            for (size_t j = 0; j < n; j++) {
-                expired += d[j].kind == KVDRAIN_EXPIRED;
-                released += d[j].kind == KVDRAIN_RELEASED;
-            }
-            OK(kvdrain_engine_advance(f.engine, t));
-        }
+        OK(kvdrain_engine_get_info(f.engine, &info));
+        CHECK(info.queued_decisions == 0);
     }
-    size_t n = poll_all(&f, d, 64, 5);
-    for (size_t j = 0; j < n; j++) {
-        expired += d[j].kind == KVDRAIN_EXPIRED;
-        released += d[j].kind == KVDRAIN_RELEASED;
-    }
-    CHECK(pending_seen);
-    CHECK(expired == 32 && released == 32);
     close_ledger(&f);
 }
 
@@ -1056,7 +1039,7 @@ int main(void) {
     RUN(test_settling_counts_from_the_last_notice);
     RUN(test_settling_against_quarantine);
     RUN(test_settle_zero_is_vllm);
-    RUN(test_queue_and_pending);
+    RUN(test_late_poll);
     RUN(test_batch_feed);
     RUN(test_handles_nulls_and_misuse);
     RUN(test_producer_owed_notices);

@@ -222,6 +222,20 @@ fn taken(requests: &mut Requests, py: Python<'_>, at_ms: u64, d: CoreDecision) -
     })
 }
 
+/// Pulls the decisions the last `advance` or `fence` queued (those of requests the ingest
+/// half drained stay for `poll`, which decides them).
+fn take_queued<const N: usize>(
+    engine: &mut Engine<'_, N, EDGES>,
+    mut each: impl FnMut(CoreDecision),
+) {
+    for _ in 0..engine.queued_decisions() {
+        match engine.poll_decision() {
+            Some(d) => each(d),
+            None => break,
+        }
+    }
+}
+
 impl<const N: usize> Tracker for Halves<N> {
     fn feed<'py>(&self, py: Python<'py>, batch: &Batch<'py>) -> Fed<'py> {
         let mut fed = Fed::default();
@@ -233,7 +247,7 @@ impl<const N: usize> Tracker for Halves<N> {
                         side.not_bytes += 1;
                         continue;
                     };
-                    // A decided request waits on the ready ring for the engine's `poll`;
+                    // A decided request waits on the ready ring for the engine's pull;
                     // an ignored notice is counted by the core.
                     if let Err(ignored) = side.ingest.handle_notification(*agent, bytes.as_bytes())
                         && ignored.reason == kvdrain::IgnoreReason::NotForConsumer
@@ -284,7 +298,9 @@ impl<const N: usize> Tracker for Halves<N> {
             let mut side = lock(py, &sides.engine);
             let EngineSide { engine, requests } = &mut *side;
             let at_ms = engine.now();
-            engine.poll(|d| out.extend(taken(requests, py, at_ms, d)));
+            for d in engine.decisions() {
+                out.extend(taken(requests, py, at_ms, d));
+            }
         });
         out
     }
@@ -299,19 +315,22 @@ impl<const N: usize> Tracker for Halves<N> {
             let mut side = lock(py, &sides.engine);
             let EngineSide { engine, requests } = &mut *side;
             let at_ms = engine.now();
-            engine.poll(|d| match d {
-                CoreDecision::Completed(drained) => {
-                    let key = drained.key().get();
-                    let BlockHandle(_) = drained.into_decode();
-                    if let Some(entry) = requests.remove(key) {
-                        // Dropped as a `Bound`: a plain decref, no check for an attached
-                        // thread; nothing runs, the caller still holds its blocks object.
-                        drop(entry.blocks.into_bound(py));
-                        completed.push(entry.id);
+            for d in engine.decisions() {
+                match d {
+                    CoreDecision::Completed(drained) => {
+                        let key = drained.key().get();
+                        let BlockHandle(_) = drained.into_decode();
+                        if let Some(entry) = requests.remove(key) {
+                            // Dropped as a `Bound`: a plain decref, no check for an
+                            // attached thread; nothing runs, the caller still holds its
+                            // blocks object.
+                            drop(entry.blocks.into_bound(py));
+                            completed.push(entry.id);
+                        }
                     }
+                    other => others.extend(taken(requests, py, at_ms, other)),
                 }
-                other => others.extend(taken(requests, py, at_ms, other)),
-            });
+            }
         });
     }
 
@@ -320,7 +339,9 @@ impl<const N: usize> Tracker for Halves<N> {
         self.with_sides(|sides| {
             let mut side = lock(py, &sides.engine);
             let EngineSide { engine, requests } = &mut *side;
-            engine.advance(now_ms, |d| out.extend(taken(requests, py, now_ms, d)))
+            engine.advance(now_ms)?;
+            take_queued(engine, |d| out.extend(taken(requests, py, now_ms, d)));
+            Ok::<(), ClockError>(())
         })?;
         Ok(out)
     }
@@ -349,7 +370,9 @@ impl<const N: usize> Tracker for Halves<N> {
             let mut side = lock(py, &sides.engine);
             let EngineSide { engine, requests } = &mut *side;
             let at_ms = engine.now();
-            engine.fence(agent, |d| out.extend(taken(requests, py, at_ms, d)))
+            let resolved = engine.fence(agent);
+            take_queued(engine, |d| out.extend(taken(requests, py, at_ms, d)));
+            resolved
         });
         (resolved, out)
     }

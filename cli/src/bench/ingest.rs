@@ -4,8 +4,8 @@
 //! least 64; E = 8, or 32 for named mode with more than 8 edges), register the R requests
 //! (untimed), then time one pass over the M prepared messages. Per message: the real
 //! [`Ledger::handle_notification`] (parse, fingerprint, index probe, CAS); on
-//! [`Noticed::Decided`] the [`Ledger::poll`] that takes the decision out and the
-//! re-registration of the request under the same id, so R stay in flight. Allocations
+//! [`Noticed::Decided`] the [`Ledger::poll_decision`] pulls that take the decisions out
+//! and the re-registration of the request under the same id, so R stay in flight. Allocations
 //! are counted around the timed loop only.
 
 use std::hint::black_box;
@@ -221,7 +221,6 @@ fn drive<const N: usize, const E: usize>(
 ) -> Tally {
     let mut t = Tally::default();
     let mut edge = 0usize;
-    let mut freed = [0u64; 4];
     for msg in stream.iter() {
         let agent = AgentId(edge as u16);
         edge += 1;
@@ -231,33 +230,24 @@ fn drive<const N: usize, const E: usize>(
         match ledger.handle_notification(agent, msg) {
             Ok(Noticed::Counted) => {}
             Ok(Noticed::Decided) => {
-                let mut n = 0;
-                ledger.poll(|d| {
+                // The slot comes back as the decision is handed out: re-register at once.
+                while let Some(d) = ledger.poll_decision() {
                     let blocks = match d {
                         Decision::Completed(c) => c.into_decode(),
                         Decision::Released(r) => r.into_free(),
                         Decision::Failed(_) => {
                             t.failed += 1;
-                            return;
+                            continue;
                         }
                         Decision::Expired(_) => {
                             t.anomalies += 1;
-                            return;
+                            continue;
                         }
                     };
-                    match freed.get_mut(n) {
-                        Some(slot) => {
-                            *slot = blocks.0;
-                            n += 1;
-                        }
-                        None => t.anomalies += 1,
-                    }
-                });
-                for &i in &freed[..n] {
                     t.decided += 1;
                     let registration = Registration {
-                        id: &ids[i as usize],
-                        blocks: BlockHandle(i),
+                        id: &ids[blocks.0 as usize],
+                        blocks,
                         expect,
                         deadline_ms: None,
                     };

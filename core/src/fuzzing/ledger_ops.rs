@@ -6,8 +6,14 @@
 //! includes ids with `:`; notification bytes are either built from the alphabet (valid,
 //! with edge-case TP sizes) or raw fuzzer bytes. Times are small so deadlines and
 //! quarantines fire within a run.
+//!
+//! `Defer` switches between a caller that pulls after every `advance` and `fence` (the
+//! replay model) and one that pulls late: the model's decisions then wait in the harness
+//! until the next pull, which must hand out the same decisions in the same order, and a
+//! registration may be refused as full only where the slots held by those decisions
+//! leave none free.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::format;
 use std::string::String;
 use std::sync::OnceLock;
@@ -94,9 +100,14 @@ enum Op {
     AdvanceTo {
         ms: u16,
     },
+    /// Every decision through the `decisions` iterator.
     Poll,
     /// `poll_decision` until it returns `None`.
     Pull,
+    /// From now on, pull late (or again after every event): `advance` and `fence` leave
+    /// their decisions queued until a `Poll`, `Pull`, or an `advance` or `fence` after
+    /// the next `Defer`.
+    Defer,
 }
 
 fn id(i: u8) -> &'static str {
@@ -182,7 +193,8 @@ fn alphabet_fits_tombstones() {
             };
             let _ticket = ledger.register(registration).expect("room");
             let _quarantined = ledger.abort_id(id).expect("tracked");
-            ledger.advance(0, drop).expect("clock");
+            ledger.advance(0).expect("clock");
+            for _released in ledger.decisions() {}
         }
         assert!(ledger.is_empty());
         for id in IDS {
@@ -237,6 +249,10 @@ struct Harness {
     notices_counted: u64,
     notices_failed: u64,
     last_edges: u64,
+    /// Pulling late: `advance` and `fence` leave their decisions queued.
+    defer: bool,
+    /// The model's decisions taken and not pulled from the real ledger yet, in order.
+    deferred: Vec<MDecision>,
 }
 
 fn real_outstanding(o: Outstanding) -> MOutstanding {
@@ -306,7 +322,39 @@ impl Harness {
             notices_counted: 0,
             notices_failed: 0,
             last_edges: 0,
+            defer: false,
+            deferred: Vec::new(),
         }
+    }
+
+    /// Slots the real ledger holds for decided requests whose last decision (`Completed`
+    /// or `Released`) waits to be pulled.
+    fn slots_held(&self) -> usize {
+        self.deferred
+            .iter()
+            .filter(|d| matches!(d, MDecision::Completed { .. } | MDecision::Released { .. }))
+            .count()
+    }
+
+    /// Whether the real ledger has no free slot although the model has room: only
+    /// decisions not pulled yet can do that.
+    fn starved(&self) -> bool {
+        self.model.len() < self.model.capacity() && N - self.model.len() == self.slots_held()
+    }
+
+    /// `advance` or `fence` took `model`: pull them now (with any left from pulling late),
+    /// or leave them queued while pulling late. The rules are checked on them now, when
+    /// they were taken.
+    fn taken(&mut self, model: Vec<MDecision>, what: &str) {
+        if self.defer {
+            self.deferred.extend(model.iter().cloned());
+        } else {
+            let mut expected = core::mem::take(&mut self.deferred);
+            expected.extend(model.iter().cloned());
+            let real = self.pull_queued();
+            assert_eq!(real, expected, "{what}: decisions");
+        }
+        self.observe(&model);
     }
 
     fn apply(&mut self, op: &Op) {
@@ -345,18 +393,16 @@ impl Harness {
             }
             Op::Fence { agent } => {
                 let agent = u16::from(agent % AGENTS);
-                let mut real = Vec::new();
-                let resolved = self.ledger.fence(AgentId(agent), |d| real.push(d));
-                let real: Vec<MDecision> = real.into_iter().map(real_decision).collect();
+                let resolved = self.ledger.fence(AgentId(agent));
                 let (model_resolved, model) = self.model.fence(agent);
                 assert_eq!(resolved, model_resolved, "fence {agent}: edges resolved");
-                assert_eq!(real, model, "fence {agent}: decisions");
-                self.observe(&real);
+                self.taken(model, &format!("fence {agent}"));
             }
             Op::Tick { ms } => self.advance(self.model.now() + u64::from(ms % 32)),
             Op::AdvanceTo { ms } => self.advance(u64::from(*ms % 1024)),
             Op::Poll => self.poll(),
             Op::Pull => self.pull(),
+            Op::Defer => self.defer = !self.defer,
         }
     }
 
@@ -377,7 +423,13 @@ impl Harness {
             expect: real_expect,
             deadline_ms,
         };
+        let starved = self.starved();
         let real = self.ledger.register(registration);
+        if starved && matches!(&real, Err(e) if e.kind == RegisterErrorKind::Full) {
+            // Decided requests hold every slot until their decisions are pulled; the model
+            // frees slots with the decision. Documented for callers that pull late.
+            return;
+        }
         let model = self.model.register(id, blocks, &expect, deadline_ms);
         match (real, model) {
             (Ok(ticket), Ok(key)) => {
@@ -478,19 +530,32 @@ impl Harness {
         }
     }
 
+    /// The decisions `advance` or `fence` queued, and not those of the ready ring (the
+    /// model hands those out at its `poll`).
+    fn pull_queued(&mut self) -> Vec<MDecision> {
+        (0..self.ledger.queued_decisions())
+            .map(|_| {
+                let d = self.ledger.poll_decision();
+                real_decision(d.expect("a queued decision"))
+            })
+            .collect()
+    }
+
     fn advance(&mut self, now: u64) {
-        let mut real = Vec::new();
-        let result = self.ledger.advance(now, |d| real.push(d));
-        let real: Vec<MDecision> = real.into_iter().map(real_decision).collect();
+        let queued = self.ledger.queued_decisions();
+        let result = self.ledger.advance(now);
         match (result, self.model.advance(now)) {
-            (Ok(()), Ok(model)) => assert_eq!(real, model, "advance to {now}"),
+            (Ok(()), Ok(model)) => self.taken(model, &format!("advance to {now}")),
             (Err(_), Err(())) => {
-                assert!(real.is_empty(), "a refused advance decided");
+                assert_eq!(
+                    self.ledger.queued_decisions(),
+                    queued,
+                    "a refused advance decided"
+                );
                 return;
             }
             (real, model) => panic!("advance to {now}: real {real:?}, model {model:?}"),
         }
-        self.observe(&real);
         assert_eq!(self.ledger.now(), now, "clock");
         // Rule 2: by the first advance reaching its deadline every request has its outcome
         // (or waits in the ready queue, its decision taken).
@@ -502,14 +567,13 @@ impl Harness {
     }
 
     fn poll(&mut self) {
-        let mut real = Vec::new();
-        let count = self.ledger.poll(|d| real.push(d));
-        let real: Vec<MDecision> = real.into_iter().map(real_decision).collect();
+        let real: Vec<MDecision> = self.ledger.decisions().map(real_decision).collect();
         let model = self.model.poll();
-        assert_eq!(real, model, "poll");
-        let requests: BTreeSet<u64> = model.iter().map(MDecision::key).collect();
-        assert_eq!(count, requests.len(), "poll: requests decided");
-        self.observe(&real);
+        let mut expected = core::mem::take(&mut self.deferred);
+        expected.extend(model.iter().cloned());
+        assert_eq!(real, expected, "poll");
+        assert_eq!(self.ledger.queued_decisions(), 0, "poll: decisions left");
+        self.observe(&model);
     }
 
     fn pull(&mut self) {
@@ -518,8 +582,10 @@ impl Harness {
             real.push(real_decision(d));
         }
         let model = self.model.poll();
-        assert_eq!(real, model, "poll_decision");
-        self.observe(&real);
+        let mut expected = core::mem::take(&mut self.deferred);
+        expected.extend(model.iter().cloned());
+        assert_eq!(real, expected, "poll_decision");
+        self.observe(&model);
     }
 
     fn terminal(&mut self, key: u64, t: Terminal) {
@@ -623,10 +689,18 @@ impl Harness {
             "over capacity {}",
             ctx()
         );
+        // Pulling late, slots held by decisions not pulled yet count as taken.
         assert_eq!(
             self.ledger.is_full(),
-            self.ledger.len() >= self.model.capacity(),
+            self.ledger.len() >= self.model.capacity()
+                || N - self.ledger.len() == self.slots_held(),
             "is_full {}",
+            ctx()
+        );
+        assert_eq!(
+            self.ledger.queued_decisions(),
+            self.deferred.len(),
+            "decisions queued {}",
             ctx()
         );
         for (&key, seen) in &self.seen {

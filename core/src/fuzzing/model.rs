@@ -149,17 +149,6 @@ impl Request {
     }
 }
 
-impl MDecision {
-    pub(crate) fn key(&self) -> u64 {
-        match *self {
-            MDecision::Completed { key, .. }
-            | MDecision::Failed { key }
-            | MDecision::Expired { key, .. }
-            | MDecision::Released { key, .. } => key,
-        }
-    }
-}
-
 /// Settings of the model, as in [`Config`](crate::Config).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct MConfig {

@@ -407,8 +407,7 @@ fn deliver(t: &Topology, expect: Expect<'_>, notices: &[(AgentId, bool)]) -> &'s
             .handle_notification(agent, bytes.as_bytes())
             .expect("a producer's notice counts");
     }
-    let mut decisions = Vec::new();
-    ledger.poll(|d| decisions.push(d));
+    let decisions: Vec<Decision> = ledger.decisions().collect();
     match decisions.as_slice() {
         [] => "none",
         [Decision::Completed(_)] => "completed",
@@ -416,17 +415,14 @@ fn deliver(t: &Topology, expect: Expect<'_>, notices: &[(AgentId, bool)]) -> &'s
         // settle end (every notice came at 0).
         [Decision::Failed(_)] if notices.iter().any(|&(_, failed)| failed) => {
             let settle_ms = Config::with_capacity(2).settle_ms;
-            let mut released = Vec::new();
-            ledger
-                .advance(settle_ms - 1, |d| released.push(d))
-                .expect("clock");
+            ledger.advance(settle_ms - 1).expect("clock");
+            let released: Vec<Decision> = ledger.decisions().collect();
             assert!(
                 released.is_empty(),
                 "released before settling: {released:?}"
             );
-            ledger
-                .advance(settle_ms, |d| released.push(d))
-                .expect("clock");
+            ledger.advance(settle_ms).expect("clock");
+            let released: Vec<Decision> = ledger.decisions().collect();
             match released.as_slice() {
                 [Decision::Released(r)] if !r.forced() => "failed",
                 other => panic!("unexpected settle-end decisions {other:?}"),

@@ -5,8 +5,9 @@
 //! Drive loop (every 200 µs): drain notifications into the ledger; heartbeat P every 20 ms;
 //! when a send fails (the transport says P is gone) [`fence`](Ledger::fence) it when the
 //! consumer driver would, [`fence_due_ms`] (`settle_ms` after the disconnect); `advance` the
-//! clock; `poll`. The first failure notice, fence or expiry is the run's
-//! *event*; D keeps watching until `observe_ms` after the event and after the release.
+//! clock; pull every decision ([`poll_decision`](Ledger::poll_decision)). The first failure
+//! notice, fence or expiry is the run's *event*; D keeps watching until `observe_ms` after
+//! the event and after the release.
 
 use std::sync::Arc;
 use std::sync::mpsc::Receiver;
@@ -70,7 +71,7 @@ pub fn run(
     let mut ledger: Box<Ledger<4, 1>> = Box::new(Ledger::new(config));
     // The deadline counts from now, not from the process start.
     ledger
-        .advance(now_us() / 1000, |_| {})
+        .advance(now_us() / 1000)
         .map_err(|e| format!("{e:?}"))?;
     let _ticket = ledger
         .register(Registration {
@@ -96,7 +97,6 @@ pub fn run(
     let (mut disconnect_us, mut fence_at_ms) = (None::<u64>, None::<u64>);
     let mut forced = false;
     let mut last_heartbeat = Instant::now();
-    let mut decisions = Vec::new();
     let limit = Duration::from_millis(spec.limit_ms());
     let observe = spec.observe_ms * 1000;
     loop {
@@ -141,13 +141,10 @@ pub fn run(
         }
         if fence_us.is_none() && fence_at_ms.is_some_and(|due| now / 1000 >= due) {
             fence_us = Some(now_us());
-            ledger.fence(P_AGENT, |d| decisions.push(d));
+            let _resolved = ledger.fence(P_AGENT);
         }
-        ledger
-            .advance(now / 1000, |d| decisions.push(d))
-            .map_err(|e| format!("{e:?}"))?;
-        ledger.poll(|d| decisions.push(d));
-        for d in decisions.drain(..) {
+        ledger.advance(now / 1000).map_err(|e| format!("{e:?}"))?;
+        while let Some(d) = ledger.poll_decision() {
             let at = now_us();
             match d {
                 Decision::Completed(_) => completed_us = Some(at),
