@@ -401,13 +401,7 @@ fn feed(plan: &Plan, shared: &Shared, feeder: &mut impl Feed) -> Fed {
         }
         let slot = (k % plan.inflight as u64) as usize;
         for edge in 0..plan.edges {
-            let arrival = pacer.next();
-            let last = edge + 1 == plan.edges;
-            if last {
-                shared.stamps.arrival[slot].store(arrival, Ordering::Release);
-                shared.stamps.drained[slot].store(shared.clock.now(), Ordering::Release);
-            }
-            match feeder.notice(slot, edge, last) {
+            match send_notice(plan, shared, &mut pacer, feeder, slot, edge) {
                 Ok(true) => decided += 1,
                 Ok(false) => {}
                 Err(()) => fed.anomalies += 1,
@@ -418,6 +412,26 @@ fn feed(plan: &Plan, shared: &Shared, feeder: &mut impl Feed) -> Fed {
     shared.decided_by_feeder.store(decided, Ordering::Relaxed);
     shared.fed.store(true, Ordering::Release);
     fed
+}
+
+/// Notice `edge` of the request in `slot`, at the pace; the last one is stamped first
+/// (arrival and drained times) so the taker can measure its decision. `Ok(true)`: it
+/// decided the request.
+fn send_notice(
+    plan: &Plan,
+    shared: &Shared,
+    pacer: &mut Pacer,
+    feeder: &mut impl Feed,
+    slot: usize,
+    edge: u8,
+) -> Result<bool, ()> {
+    let arrival = pacer.next();
+    let last = edge + 1 == plan.edges;
+    if last {
+        shared.stamps.arrival[slot].store(arrival, Ordering::Release);
+        shared.stamps.drained[slot].store(shared.clock.now(), Ordering::Release);
+    }
+    feeder.notice(slot, edge, last)
 }
 
 /// Registers the first window (requests `0..R`).
@@ -531,13 +545,7 @@ fn one_thread(
     for k in 0..plan.requests {
         let slot = (k % plan.inflight as u64) as usize;
         for edge in 0..plan.edges {
-            let arrival = pacer.next();
-            let last = edge + 1 == plan.edges;
-            if last {
-                shared.stamps.arrival[slot].store(arrival, Ordering::Release);
-                shared.stamps.drained[slot].store(shared.clock.now(), Ordering::Release);
-            }
-            match feeder.notice(slot, edge, last) {
+            match send_notice(plan, &shared, &mut pacer, feeder, slot, edge) {
                 Ok(false) => continue,
                 Ok(true) => {}
                 Err(()) => {
