@@ -9,10 +9,10 @@
 //!
 //! An insertion first goes to `recent`, a ring of the last [`RECENT`] insertions (two warm
 //! lines), and reaches its set only when the ring is full, together with the other
-//! [`RECENT`]. With many requests in flight a set is a cold line, and the owner's stores to
-//! it were still in flight when the next notice's `lock cmpxchg` (a full barrier on x86)
-//! had to wait for them: one exposed miss per decided request. Written in a batch, the
-//! sets' misses overlap. A lookup checks the ring and then the set, so every fingerprint
+//! [`RECENT`]. With many requests in flight a set is a cold line, and writing it at once
+//! cost one exposed miss per decided request (likely because the next notice's `lock
+//! cmpxchg`, a full barrier on x86, waited for it). Written in a batch, the sets' misses
+//! overlap. A lookup checks the ring and then the set, so every fingerprint
 //! inserted is found in one or the other until its set's ways are reused (an entry leaves
 //! the ring only after the batch that wrote it to its set, which the ring's `Release`
 //! stores order before it).
