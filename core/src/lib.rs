@@ -143,7 +143,7 @@
 //! | edge words (`slot.rs`) | owner at registration; both by CAS | per-agent resolution, tagged with the generation | `AcqRel` CAS, `Acquire` loads |
 //! | index buckets (`index.rs`) | owner | id → slot | `Release` stores, `Acquire` loads |
 //! | ready ring (`ready.rs`) | ingest (tail), engine (head) | slots whose last edge a notice resolved | SPSC: `Release` publish, `Acquire` observe |
-//! | tombstones (`tombstones.rs`) | owner | `late` vs `unknown` labels only | `Relaxed` stores, ordered before the `Release` that frees the slot or unlinks the id, so a notice that finds the id gone finds its tombstone; a torn read can only relabel one ignored notice |
+//! | tombstones (`tombstones.rs`) | owner | `late` vs `unknown` labels only | stored in a ring of the last 16 first (its `hi` word `Release`, read `Acquire`), ordered before the `Release` that frees the slot or unlinks the id, so a notice that finds the id gone finds its tombstone; each full ring is written to the 4-way sets (`Relaxed`) before its entries are replaced; a torn read can only relabel one ignored notice |
 //!
 //! Why these orderings: the `Release`/`Acquire` pairs carry the owner's plain-data writes
 //! (identity, edges, tombstones) to the ingest thread, and the ingest thread's last edge
