@@ -382,19 +382,40 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             }
             // Inline up to here: a pull that finds nothing costs two loads of the ring.
             let slot = self.shared.ready.pop()?;
-            self.decide_ready(slot);
+            if let Some(completed) = self.decide_ready(slot) {
+                return Some(completed);
+            }
         }
     }
 
     /// Decides a slot popped from the ready ring, if it still holds the drained request
-    /// that pushed it; its decisions go to the queue.
-    fn decide_ready(&mut self, slot: u32) {
+    /// that pushed it. The common case, every edge landed, is handed out at once as
+    /// `Completed`: the queue is empty when a pull reaches the ring, so that is the
+    /// decision it would pop next, and pushing it only to pop it costs a round trip. Any
+    /// other decision goes to the queue.
+    #[inline]
+    fn decide_ready(&mut self, slot: u32) -> Option<Decision> {
         let s = self.shared.slots[slot as usize]
             .state
             .load(Ordering::Acquire);
-        if s.outstanding() == 0 && s.is_live(self.owner.requests[slot as usize].generation) {
-            self.decide_drained(slot, s);
+        let r = &self.owner.requests[slot as usize];
+        if s.outstanding() != 0 || !s.is_live(r.generation) {
+            return None;
         }
+        if s.phase() != Phase::Counting || s.failed() {
+            self.decide_drained(slot, s);
+            return None;
+        }
+        debug_assert_eq!(self.owner.decided.len(), 0);
+        let done = Drained {
+            key: RequestKey(r.key),
+            blocks: BlockHandle(r.blocks),
+        };
+        self.retire(slot);
+        self.shared.slots[slot as usize].state.free_drained(s);
+        self.owner.counters.completed += 1;
+        self.owner.recycle(slot);
+        Some(Decision::Completed(done))
     }
 
     /// Every decision not handed out yet, one [`poll_decision`](Self::poll_decision) per
@@ -418,12 +439,10 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// Builds the decision of a queued entry from the slot's record and, if it is the
     /// slot's last, returns the slot to the free list.
     fn hand_out(&mut self, slot: u32, kind: Kind) -> Decision {
-        let o = &mut *self.owner;
-        let r = &o.requests[slot as usize];
+        let r = self.owner.requests[slot as usize];
         let key = RequestKey(r.key);
         if kind.is_last() {
-            o.free[o.free_len] = slot;
-            o.free_len += 1;
+            self.owner.recycle(slot);
         }
         match kind {
             Kind::Completed => Decision::Completed(Drained {
@@ -601,6 +620,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// Remembers the id and unlinks it from the index and the timers (the caller frees the
     /// state word and queues the last decision; the slot goes back to the free list when
     /// that decision is handed out, so its record stays valid until then).
+    #[inline]
     fn retire(&mut self, slot: u32) {
         let o = &mut *self.owner;
         let r = &mut o.requests[slot as usize];
