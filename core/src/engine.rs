@@ -597,6 +597,9 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     }
 
     /// Releases and frees drained `slot` (`s.outstanding() == 0`).
+    // Out of line, like `force_release`: with `retire` inlined they would make `advance`
+    // a larger function whose every call, idle ones too, saves more registers.
+    #[inline(never)]
     fn release_drained(&mut self, slot: u32, s: Snapshot, forced: bool) {
         debug_assert_eq!(s.outstanding(), 0);
         let r = self.owner.requests[slot as usize];
@@ -617,6 +620,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     }
 
     /// Quarantine over with edges outstanding: free the slot anyway.
+    #[inline(never)]
     fn force_release(&mut self, slot: u32) {
         let r = self.owner.requests[slot as usize];
         // Remember the id before the slot can be seen free (the CAS below releases this
