@@ -82,6 +82,7 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
     }
 
     /// [`Engine::register`] on one thread.
+    #[inline]
     pub fn register<'r>(
         &mut self,
         registration: Registration<'r>,

@@ -97,6 +97,12 @@ impl<const N: usize> Owner<N> {
     pub(crate) fn next_timer(&self) -> Option<Millis> {
         self.timers.next_due()
     }
+    /// Returns `slot` to the free list: its last decision is being handed out.
+    #[inline]
+    pub(crate) fn recycle(&mut self, slot: u32) {
+        self.free[self.free_len] = slot;
+        self.free_len += 1;
+    }
     /// Whether a registration finds a slot: fewer than `capacity` tracked and a slot free
     /// (a slot whose decisions wait to be handed out is not free).
     pub(crate) fn has_room(&self) -> bool {

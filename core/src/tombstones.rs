@@ -86,7 +86,9 @@ impl<const N: usize> Tombstones<N> {
     }
 
     /// Owner: remembers `fp` (inserting one that is remembered already takes no other way
-    /// of its set).
+    /// of its set). Inlined: the ring store is a few instructions; the batch, once in
+    /// [`RECENT`] insertions, is a call.
+    #[inline]
     pub(crate) fn insert(&self, ages: &mut TombstoneAges<N>, fp: Fingerprint) {
         if ages.recent_len == RECENT {
             self.write_sets(ages);
@@ -103,6 +105,7 @@ impl<const N: usize> Tombstones<N> {
 
     /// Owner: writes every entry of the full ring to its set, oldest first (a no-op for a
     /// key its set holds already).
+    #[inline(never)]
     fn write_sets(&self, ages: &mut TombstoneAges<N>) {
         for [lo, hi] in &self.recent {
             let k = u64::from(lo.load(Ordering::Relaxed))
