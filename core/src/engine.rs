@@ -311,6 +311,16 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         self.owner.now = now;
         // For the ingest thread's failure-notice stamps (rule 8); see `Shared::clock`.
         self.shared.clock.store(now as u32, Ordering::Relaxed);
+        if self.owner.timers.next_due().is_some_and(|due| due <= now) {
+            self.fire_due(now);
+        }
+        Ok(())
+    }
+
+    /// Fires every timer due at `now` (see [`advance`](Self::advance)). Out of line: most
+    /// advances have nothing due and pay only the check above.
+    #[inline(never)]
+    fn fire_due(&mut self, now: Millis) {
         let mut batch = 0;
         while let Some(slot) = self.owner.timers.pop_due(now) {
             self.owner.batch[batch] = slot;
@@ -355,7 +365,6 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                 Phase::Free => debug_assert!(false, "a timer fired for a free slot"),
             }
         }
-        Ok(())
     }
 
     /// Hands out the oldest decision not handed out yet, `None` when there is none.
