@@ -438,11 +438,18 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             key: RequestKey(r.key),
             blocks: BlockHandle(r.blocks),
         };
+        self.complete(slot, s);
+        self.owner.recycle(slot);
+        Some(Decision::Completed(done))
+    }
+
+    /// Every edge of drained `slot` landed: retires it and frees its state word. The
+    /// caller hands out (or queues) `Completed`; the slot is recycled at hand-out.
+    #[inline]
+    fn complete(&mut self, slot: u32, s: Snapshot) {
         self.retire(slot);
         self.shared.slots[slot as usize].state.free_drained(s);
         self.owner.counters.completed += 1;
-        self.owner.recycle(slot);
-        Some(Decision::Completed(done))
     }
 
     /// Every decision not handed out yet, one [`poll_decision`](Self::poll_decision) per
@@ -548,9 +555,10 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         let now = self.owner.now;
         match s.phase() {
             Phase::Counting if !s.failed() => {
-                self.retire(slot);
-                self.shared.slots[slot as usize].state.free_drained(s);
-                self.owner.counters.completed += 1;
+                // Not reached today (`poll_decision` hands a landed request out at once and
+                // a fence marks its edge failed), kept so a drained request is always
+                // decided.
+                self.complete(slot, s);
                 self.owner.decided.push(slot, Kind::Completed);
                 return;
             }
