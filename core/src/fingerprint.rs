@@ -2,14 +2,21 @@
 //!
 //! A request id is hashed once per event into a 128-bit keyed fingerprint. Tables hold
 //! fingerprints, never strings, which keeps a slot small and the ingest path free of
-//! byte-by-byte comparisons of shared memory. Two distinct ids share a fingerprint with
-//! probability 2⁻¹²⁸; the seed is chosen by the engine, so a peer cannot aim for a
-//! collision without knowing it. Registration refuses a second live request with the same
+//! byte-by-byte comparisons of shared memory. The key is derived from a seed the engine
+//! chooses ([`Config::seed`](crate::Config::seed)), so a peer cannot aim for a collision
+//! without knowing it. Registration refuses a second live request with the same
 //! fingerprint, so among tracked requests matching is exact.
 //!
-//! The mixing step is the folded 64×64→128-bit multiply used by wyhash-style hashes, run in
-//! two independent lanes of 16 bytes each (32 bytes per round), then two folds that mix the
-//! lanes into the two output words.
+//! The two 64-bit halves are two independently keyed hashes of the same id: `lo` and `hi`
+//! use disjoint key words, so an id pair collides in both only with probability about
+//! 2⁻⁶⁴ · 2⁻⁶⁴. Each half absorbs 32 bytes per round with two folded 64×64→128-bit
+//! multiplies (the step of wyhash-style hashes), the first of them chained through the
+//! half's state; an id of up to 16 bytes takes one multiply per half, up to 32 bytes two,
+//! and the four multiplies of a round are independent of each other, so the hash costs
+//! about one multiply's latency per 32 bytes. The length is added last, multiplied by an
+//! odd key word: two ids of different lengths whose words coincide can never collide.
+
+use core::num::Wrapping;
 
 /// A 128-bit keyed fingerprint of a request id.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -18,10 +25,36 @@ pub(crate) struct Fingerprint {
     pub(crate) hi: u64,
 }
 
-const S0: u64 = 0x9E37_79B9_7F4A_7C15;
-const S1: u64 = 0xC2B2_AE3D_27D4_EB4F;
-const S2: u64 = 0x1656_67B1_9E37_79F9;
-const S3: u64 = 0xD6E8_FEB8_6659_FD93;
+/// The per-ledger hash key: ten words derived from the seed once, at construction, so a
+/// fingerprint pays no key setup.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Key {
+    /// `lo`'s words: `[0]`, `[1]` for the first 16 bytes of a round, `[2]`, `[3]` for the
+    /// second 16, `[4]` (odd) for the length.
+    lo: [u64; 5],
+    /// `hi`'s words, in the same roles.
+    hi: [u64; 5],
+}
+
+impl Key {
+    /// The key of `seed`: SplitMix64's sequence from it, so nearby seeds give unrelated
+    /// keys and no key word is a simple function of another.
+    pub(crate) fn from_seed(seed: u64) -> Self {
+        let mut state = Wrapping(seed);
+        let mut next = || {
+            state += 0x9E37_79B9_7F4A_7C15;
+            let mut z = state.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        let mut lo = [0; 5].map(|_| next());
+        let mut hi = [0; 5].map(|_| next());
+        lo[4] |= 1;
+        hi[4] |= 1;
+        Key { lo, hi }
+    }
+}
 
 #[inline(always)]
 fn fold(a: u64, b: u64) -> u64 {
@@ -67,61 +100,52 @@ fn tail(id: &[u8]) -> (u64, u64) {
     }
 }
 
-/// Bit 7 of every byte of a word.
-const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
+/// One half's first 16 bytes of a round, chained through the half's `state`.
+#[inline(always)]
+fn first(k: &[u64; 5], state: u64, x0: u64, x1: u64) -> u64 {
+    fold(x0 ^ k[0], x1 ^ k[1] ^ state)
+}
+
+/// One half's second 16 bytes of a round.
+#[inline(always)]
+fn second(k: &[u64; 5], x2: u64, x3: u64) -> u64 {
+    fold(x2 ^ k[2], x3 ^ k[3])
+}
 
 impl Fingerprint {
-    /// Fingerprints `id` under `seed`.
-    #[inline]
-    pub(crate) fn of(seed: u64, id: &[u8]) -> Self {
-        Self::of_checked(seed, id).0
-    }
-
-    /// Fingerprints `id` under `seed`, and tells whether `id` is all ASCII (for free:
-    /// every byte is loaded into a word anyway). ASCII is valid UTF-8, which lets the
-    /// ingest path skip a separate UTF-8 validation of the id.
-    ///
-    /// Two independent lanes each absorb 16 bytes per folded multiply, so one round takes
-    /// 32 bytes: an id of up to 32 bytes costs two rounds of two multiplies (the lanes
-    /// run in parallel), the second round mixing each lane into both output words.
+    /// Fingerprints `id` under `key`.
     #[inline(always)]
-    pub(crate) fn of_checked(seed: u64, id: &[u8]) -> (Self, bool) {
-        let len = id.len();
-        let (k0, k1) = (S0 ^ seed, S1 ^ seed.rotate_left(32));
-        let (mut a, mut b) = (seed ^ S2, seed.rotate_left(17) ^ S3);
-        let mut high = 0;
-        // Whole 32-byte chunks, leaving the last 1 to 32 bytes.
+    pub(crate) fn of(key: &Key, id: &[u8]) -> Self {
+        let (mut lo, mut hi) = (0u64, 0u64);
+        // Whole 32-byte rounds, leaving the last 1 to 32 bytes.
         let mut at = 0;
-        while len - at > 32 {
+        while id.len() - at > 32 {
             let (x0, x1) = (word(id, at), word(id, at + 8));
             let (x2, x3) = (word(id, at + 16), word(id, at + 24));
-            high |= x0 | x1 | x2 | x3;
-            a = fold(x0 ^ k0, x1 ^ a);
-            b = fold(x2 ^ k1, x3 ^ b);
+            lo = first(&key.lo, lo, x0, x1) ^ second(&key.lo, x2, x3);
+            hi = first(&key.hi, hi, x0, x1) ^ second(&key.hi, x2, x3);
             at += 32;
         }
         // The last 1 to 32 bytes (all of `id` when shorter): above 16, the first and the
-        // last 16 of them (overlapping); else `tail` of them in the first lane alone. For
-        // a given length the mapping is one-to-one; the length is mixed in below.
+        // last 16 of them (overlapping), a full round; else `tail` of them, half a round.
+        // For a given length the mapping is one-to-one; the length is mixed in below.
         let rest = &id[at..];
-        let ((x0, x1), (x2, x3)) = if rest.len() > 16 {
+        if rest.len() > 16 {
             let r = rest.len();
-            (
-                (word(rest, 0), word(rest, 8)),
-                (word(rest, r - 16), word(rest, r - 8)),
-            )
+            let (x0, x1) = (word(rest, 0), word(rest, 8));
+            let (x2, x3) = (word(rest, r - 16), word(rest, r - 8));
+            lo = first(&key.lo, lo, x0, x1) ^ second(&key.lo, x2, x3);
+            hi = first(&key.hi, hi, x0, x1) ^ second(&key.hi, x2, x3);
         } else {
-            (tail(rest), (0, 0))
-        };
-        high |= x0 | x1 | x2 | x3;
-        let len = len as u64;
-        a = fold(x0 ^ k0 ^ len, x1 ^ a);
-        b = fold(x2 ^ k1, x3 ^ b ^ len.rotate_left(32));
-        let fp = Fingerprint {
-            lo: fold(a ^ k1, b ^ S1),
-            hi: fold(b ^ k0, a ^ S0),
-        };
-        (fp, high & HIGH_BITS == 0)
+            let (x0, x1) = tail(rest);
+            lo = first(&key.lo, lo, x0, x1);
+            hi = first(&key.hi, hi, x0, x1);
+        }
+        let len = id.len() as u64;
+        Fingerprint {
+            lo: lo.wrapping_add(len.wrapping_mul(key.lo[4])),
+            hi: hi.wrapping_add(len.wrapping_mul(key.hi[4])),
+        }
     }
 
     /// The four 32-bit words the shared tables store.
@@ -144,7 +168,11 @@ impl Fingerprint {
 
 #[cfg(test)]
 mod tests {
-    use super::Fingerprint;
+    use super::{Fingerprint, Key};
+
+    fn key(seed: u64) -> Key {
+        Key::from_seed(seed)
+    }
 
     #[test]
     fn differs_on_every_prefix_and_seed() {
@@ -152,40 +180,67 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for len in 0..=id.len() {
             for seed in 0..4u64 {
-                assert!(seen.insert(Fingerprint::of(seed, &id[..len])));
+                assert!(seen.insert(Fingerprint::of(&key(seed), &id[..len])));
             }
         }
     }
 
     #[test]
     fn zero_padding_does_not_collide() {
-        assert_ne!(Fingerprint::of(1, b"a"), Fingerprint::of(1, b"a\0"));
-        assert_ne!(Fingerprint::of(1, b""), Fingerprint::of(1, b"\0"));
+        assert_ne!(
+            Fingerprint::of(&key(1), b"a"),
+            Fingerprint::of(&key(1), b"a\0")
+        );
+        assert_ne!(
+            Fingerprint::of(&key(1), b""),
+            Fingerprint::of(&key(1), b"\0")
+        );
     }
 
     #[test]
     fn every_byte_of_every_length_counts() {
-        // Flipping any one byte changes the fingerprint, for every length up to 3 chunks,
-        // and the ASCII flag follows the high bits.
+        // Flipping any one bit of any one byte changes both halves of the fingerprint, for
+        // every length up to 3 rounds.
         let base: std::vec::Vec<u8> = (0..96u8).map(|i| b'a' + i % 26).collect();
         for len in 0..=base.len() {
-            let (fp, ascii) = Fingerprint::of_checked(9, &base[..len]);
-            assert!(ascii);
+            let fp = Fingerprint::of(&key(9), &base[..len]);
             for i in 0..len {
-                let mut v = base[..len].to_vec();
-                v[i] ^= 0x01;
-                assert_ne!(Fingerprint::of(9, &v), fp, "len {len}, byte {i}");
-                v[i] ^= 0x81;
-                let (other, ascii) = Fingerprint::of_checked(9, &v);
-                assert!(!ascii, "len {len}, byte {i}");
-                assert_ne!(other, fp);
+                for bit in 0..8 {
+                    let mut v = base[..len].to_vec();
+                    v[i] ^= 1 << bit;
+                    let other = Fingerprint::of(&key(9), &v);
+                    assert!(
+                        other.lo != fp.lo && other.hi != fp.hi,
+                        "len {len}, byte {i}"
+                    );
+                }
             }
         }
     }
 
     #[test]
+    fn lengths_never_collide_when_the_words_coincide() {
+        // All-zero ids load the same (zero) words at every length: only the length term
+        // tells them apart, and it must, in both halves.
+        let zeros = [0u8; 97];
+        let mut lo = std::collections::HashSet::new();
+        let mut hi = std::collections::HashSet::new();
+        for len in 0..=zeros.len() {
+            let fp = Fingerprint::of(&key(3), &zeros[..len]);
+            assert!(lo.insert(fp.lo) && hi.insert(fp.hi), "len {len}");
+        }
+    }
+
+    #[test]
+    fn the_key_follows_the_seed() {
+        let id = b"req-00000001-cmpl";
+        assert_ne!(Fingerprint::of(&key(1), id), Fingerprint::of(&key(2), id));
+        assert_eq!(Fingerprint::of(&key(1), id), Fingerprint::of(&key(1), id));
+    }
+
+    #[test]
     fn words_round_trip() {
-        let f = Fingerprint::of(7, b"req");
+        let f = Fingerprint::of(&key(7), b"req");
         assert_eq!(Fingerprint::from_words(f.words()), f);
     }
 }

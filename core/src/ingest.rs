@@ -8,7 +8,7 @@ use crate::slot::EdgeClaim;
 use crate::state_word::{Resolution, Resolved};
 use crate::sync::{Ordering, fence};
 use crate::ticket::AgentId;
-use crate::wire::{self, Message};
+use crate::wire::{self, Message, ParseError};
 
 /// What an accepted notice did.
 #[must_use = "after `Decided`, pull `Engine::poll_decision` to take the decision out"]
@@ -49,22 +49,11 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
         agent: AgentId,
         bytes: &'m [u8],
     ) -> Result<Noticed, Ignored<'m>> {
-        let seed = self.shared.seed;
-        let fast = consumer_notice(bytes).and_then(|(id, failed)| {
-            match Fingerprint::of_checked(seed, id) {
-                (fp, true) => Some((id, failed, fp)),
-                (_, false) => None, // not ASCII: let the parser check the UTF-8
-            }
-        });
-        let (id_bytes, failed, fp) = match fast {
+        let (id, failed) = match consumer_notice(bytes) {
             Some(notice) => notice,
-            None => {
-                let (id, failed) = self.parse_slow(bytes)?;
-                (id, failed, Fingerprint::of(seed, id))
-            }
+            None => self.parse_slow(bytes)?,
         };
-        // Only needed to report an ignored notice (the id is UTF-8: checked above).
-        let id = || core::str::from_utf8(id_bytes).ok();
+        let fp = Fingerprint::of(&self.shared.key, id);
         loop {
             let Some(found) = self.shared.find(fp) else {
                 let reason = if self.shared.tombstones.contains(fp) {
@@ -72,24 +61,24 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
                 } else {
                     IgnoreReason::Unknown
                 };
-                return Err(self.ignore(reason, id()));
+                return Err(self.ignore_id(reason, id));
             };
             let generation = found.state.generation();
             if found.state.outstanding() == 0 {
-                return Err(self.ignore(IgnoreReason::Late, id()));
+                return Err(self.ignore_id(IgnoreReason::Late, id));
             }
             let slot = &self.shared.slots[found.slot as usize];
             if found.named > 0 {
                 match slot.claim_edge(found.named, generation, agent, failed) {
                     EdgeClaim::Claimed => {}
-                    EdgeClaim::Duplicate => return Err(self.ignore(IgnoreReason::Duplicate, id())),
+                    EdgeClaim::Duplicate => return Err(self.ignore_id(IgnoreReason::Duplicate, id)),
                     EdgeClaim::Recycled => continue,
                     EdgeClaim::NotAnEdge => {
                         // Only trust "not an edge" if the edges we scanned were this
                         // generation's.
                         fence(Ordering::Acquire);
                         if slot.state.load(Ordering::Relaxed).is_live(generation) {
-                            return Err(self.ignore(IgnoreReason::UnexpectedSender, id()));
+                            return Err(self.ignore_id(IgnoreReason::UnexpectedSender, id));
                         }
                         continue;
                     }
@@ -103,7 +92,7 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
             } else {
                 Resolution::Landed
             };
-            return match slot.state.resolve_edge(generation, how) {
+            return match slot.state.resolve_edge_from(found.state, generation, how) {
                 Resolved::Counted => Ok(self.counted(failed, Noticed::Counted)),
                 Resolved::LastEdge => {
                     if !self.shared.ready.push(found.slot) {
@@ -112,11 +101,11 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
                     self.counters.last_edges += 1;
                     Ok(self.counted(failed, Noticed::Decided))
                 }
-                Resolved::AlreadyDrained => Err(self.ignore(IgnoreReason::Late, id())),
+                Resolved::AlreadyDrained => Err(self.ignore_id(IgnoreReason::Late, id)),
                 // Counting mode: look again. Named mode: our edge claim was for a request
                 // that ended under us (its quarantine ran out): the notice is late.
                 Resolved::Recycled if found.named == 0 => continue,
-                Resolved::Recycled => Err(self.ignore(IgnoreReason::Late, id())),
+                Resolved::Recycled => Err(self.ignore_id(IgnoreReason::Late, id)),
             };
         }
     }
@@ -148,6 +137,18 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
         outcome
     }
 
+    /// Ignores a notice that parsed, for `reason`, reporting its id. The fast parse does
+    /// not check the id's UTF-8: a tracked id is a `str`, so bytes that are not UTF-8
+    /// match one only through a fingerprint collision, and a notice that ends up ignored
+    /// with such an id gets the verdict [`wire::parse`] gives it, `Malformed(NotUtf8)`.
+    #[cold]
+    fn ignore_id<'m>(&mut self, reason: IgnoreReason, id: &'m [u8]) -> Ignored<'m> {
+        match core::str::from_utf8(id) {
+            Ok(id) => self.ignore(reason, Some(id)),
+            Err(_) => self.ignore(IgnoreReason::Malformed(ParseError::NotUtf8), None),
+        }
+    }
+
     fn ignore<'m>(&mut self, reason: IgnoreReason, request_id: Option<&'m str>) -> Ignored<'m> {
         let c = &mut *self.counters;
         *match reason {
@@ -172,10 +173,9 @@ const _: () = assert!(PUSH_FAIL[0] == b'P' && PUSH_REG[0] == b'P' && HEARTBEAT[0
 /// `PUSH_FAIL:` notice whose TP field is 1 to 5 digits with a value in `1..=65535`.
 /// Returns the request id and whether the notice is a failure. `None` means "not that
 /// common case": the caller falls back to [`wire::parse`], which classifies the message
-/// and reports errors exactly as before. The id is not checked for UTF-8 here: the
-/// caller takes the fast path only if the id is ASCII ([`Fingerprint::of_checked`]).
-/// Whatever this accepts with an ASCII id, `wire::parse` accepts as the same message
-/// (tested below). Always inlined: with `#[inline]` the compiler kept it a call
+/// and reports errors exactly as before. The id is not checked for UTF-8 here (see
+/// `Ingest::ignore_id`): whatever this accepts with a UTF-8 id, `wire::parse` accepts as
+/// the same message, and with any other id it calls `NotUtf8` (tested below). Always inlined: with `#[inline]` the compiler kept it a call
 /// (about 7 instructions per notice of call and return).
 #[inline(always)]
 fn consumer_notice(bytes: &[u8]) -> Option<(&[u8], bool)> {
@@ -228,10 +228,18 @@ mod tests {
     }
 
     /// `consumer_notice` accepts a subset of what `wire::parse` accepts as a completion or
-    /// failure notice, with the same id.
+    /// failure notice, with the same id; or an id that is not UTF-8, which `wire::parse`
+    /// calls `NotUtf8`.
     fn agrees(bytes: &[u8]) {
-        let fast = consumer_notice(bytes).filter(|(id, _)| id.is_ascii());
-        if let Some((id, failed)) = fast {
+        if let Some((id, failed)) = consumer_notice(bytes) {
+            if core::str::from_utf8(id).is_err() {
+                assert_eq!(
+                    wire::parse(bytes),
+                    Err(wire::ParseError::NotUtf8),
+                    "{bytes:?}"
+                );
+                return;
+            }
             match wire::parse(bytes) {
                 Ok(Message::Completion(c)) if !failed => assert_eq!(c.request_id.as_bytes(), id),
                 Ok(Message::Failure(c)) if failed => assert_eq!(c.request_id.as_bytes(), id),
@@ -282,7 +290,7 @@ mod tests {
                 .expect("room");
         }
         let p = AgentId(0);
-        // Non-ASCII id (fast parse, slow UTF-8 check), six-digit TP field, colon in the id.
+        // Non-ASCII id, six-digit TP field (slow parse), colon in the id.
         let notices: [&[u8]; 4] = [
             "r\u{e9}q-1:2".as_bytes(),
             "PUSH_FAIL:r\u{e9}q-1:000002".as_bytes(),

@@ -1,7 +1,7 @@
 //! The part of the ledger both threads touch: slots' atomic halves, the id index, the
 //! tombstones and the ready ring. Only atomics and immutable data live here.
 
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{Fingerprint, Key};
 use crate::index::{DELETED, EMPTY, Index};
 use crate::ready::ReadyRing;
 use crate::slot::SharedSlot;
@@ -11,7 +11,8 @@ use crate::tombstones::Tombstones;
 
 #[derive(Debug)]
 pub(crate) struct Shared<const N: usize, const E: usize> {
-    pub(crate) seed: u64,
+    /// The fingerprint key, derived from `Config::seed`.
+    pub(crate) key: Key,
     pub(crate) slots: [SharedSlot<E>; N],
     pub(crate) index: Index<N>,
     pub(crate) tombstones: Tombstones<N>,
@@ -37,7 +38,7 @@ pub(crate) struct Found {
 impl<const N: usize, const E: usize> Shared<N, E> {
     pub(crate) fn new(seed: u64) -> Self {
         Shared {
-            seed,
+            key: Key::from_seed(seed),
             slots: core::array::from_fn(|_| SharedSlot::new()),
             index: Index::new(),
             tombstones: Tombstones::new(),
@@ -47,7 +48,7 @@ impl<const N: usize, const E: usize> Shared<N, E> {
     }
 
     pub(crate) fn fingerprint(&self, id: &str) -> Fingerprint {
-        Fingerprint::of(self.seed, id.as_bytes())
+        Fingerprint::of(&self.key, id.as_bytes())
     }
 
     /// Finds the live request with fingerprint `fp`. Safe from any thread while the owner

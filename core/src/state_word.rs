@@ -197,11 +197,22 @@ impl StateWord {
     /// The single CAS loop. `f` sees the current value and returns the new one, or `Err`
     /// with the outcome to report without writing.
     #[inline]
-    fn transition<T>(
+    fn transition<T>(&self, f: impl FnMut(Snapshot) -> Result<Snapshot, T>) -> Result<Snapshot, T> {
+        self.transition_from(self.load(Ordering::Acquire), f)
+    }
+
+    /// [`transition`](Self::transition) from `seen`, a value of this word the caller
+    /// loaded moments ago, instead of loading it again: if the word changed since, the
+    /// first CAS fails and the loop goes on from the value the CAS found, as after any
+    /// lost race. (The CAS is `AcqRel` either way; the first load's `Acquire` only ever
+    /// ordered what `f` reads, and `f` reads the value alone.)
+    #[inline]
+    fn transition_from<T>(
         &self,
+        seen: Snapshot,
         mut f: impl FnMut(Snapshot) -> Result<Snapshot, T>,
     ) -> Result<Snapshot, T> {
-        let mut current = self.0.load(Ordering::Acquire);
+        let mut current = seen.0;
         loop {
             let next = f(Snapshot(current))?;
             match self
@@ -217,8 +228,21 @@ impl StateWord {
     /// Resolves one edge of generation `generation` as `how` says.
     #[inline]
     pub(crate) fn resolve_edge(&self, generation: u32, how: Resolution) -> Resolved {
+        self.resolve_edge_from(self.load(Ordering::Acquire), generation, how)
+    }
+
+    /// [`resolve_edge`](Self::resolve_edge) with the CAS started from `seen`, the value a
+    /// lookup just validated (the ingest path: saves loading and checking the word again;
+    /// see [`transition_from`](Self::transition_from)).
+    #[inline]
+    pub(crate) fn resolve_edge_from(
+        &self,
+        seen: Snapshot,
+        generation: u32,
+        how: Resolution,
+    ) -> Resolved {
         let flags = how.flags();
-        let outcome = self.transition(|s| {
+        let outcome = self.transition_from(seen, |s| {
             if !s.is_live(generation) {
                 return Err(Resolved::Recycled);
             }
