@@ -19,8 +19,9 @@ pub struct Config {
     /// release at the end of a quarantine is not delayed. `0` releases with the decision,
     /// which is vLLM's behaviour.
     pub settle_ms: u64,
-    /// Key of the request-id fingerprints. Any value works; a secret one keeps peers from
-    /// aiming for collisions.
+    /// Seed of the request-id fingerprints' key (ten key words derived from it once, at
+    /// construction). Any value works; a secret one keeps peers from aiming for
+    /// collisions.
     pub seed: u64,
 }
 
