@@ -170,12 +170,19 @@ fn bench_ingest_and_floor_lines() {
         ]
         .concat(),
     );
-    assert_eq!(lines.len(), 3);
+    assert_eq!(lines.len(), 4);
     assert_eq!(lines[0]["impl"], "kvdrain");
-    assert_eq!(lines[1]["impl"], "rust-floor");
-    assert_eq!(keys(&lines[2])[..2], ["compare", "kvdrain_ns"]);
-    assert_eq!(lines[2]["python_ns"], Value::Null);
-    assert_eq!(lines[2]["stream_checked_against_python"], Value::from(0));
+    assert_eq!(lines[1]["impl"], "kvdrain-halves");
+    assert_eq!(lines[1]["allocations"], Value::from(0));
+    assert_eq!(lines[2]["impl"], "rust-floor");
+    assert_eq!(keys(&lines[3])[..2], ["compare", "kvdrain_ns"]);
+    assert_eq!(lines[3]["python_ns"], Value::Null);
+    assert!(
+        lines[3]["halves_over_floor_cpu"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0)
+    );
+    assert_eq!(lines[3]["stream_checked_against_python"], Value::from(0));
 }
 
 #[test]

@@ -28,7 +28,7 @@ impl<const N: usize, const E: usize> Ingest<'_, N, E> {
     ) -> Result<Noticed, Ignored<'m>> {
         if let Ok(Message::Failure(body)) = wire::parse(bytes) {
             let fp = self.shared.fingerprint(body.request_id);
-            if let Some(found) = self.shared.find(fp) {
+            if let Some(found) = self.shared.find(fp, false) {
                 let slot = &self.shared.slots[found.slot as usize];
                 // The bug: no waiting for the siblings.
                 loop {
@@ -67,7 +67,7 @@ impl<const N: usize, const E: usize> Ingest<'_, N, E> {
     ) -> Result<Noticed, Ignored<'m>> {
         if let Ok(Message::Completion(body)) = wire::parse(bytes) {
             let fp = self.shared.fingerprint(body.request_id);
-            if let Some(found) = self.shared.find(fp).filter(|f| f.named == 0) {
+            if let Some(found) = self.shared.find(fp, false).filter(|f| f.named == 0) {
                 let slot = &self.shared.slots[found.slot as usize];
                 // The bug: the generation is read again instead of the one looked up.
                 let generation = slot.state.load(Ordering::Acquire).generation();

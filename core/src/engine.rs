@@ -270,7 +270,9 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             if !r.live || shared.named() == 0 {
                 continue;
             }
-            if shared.claim_edge(shared.named(), r.generation, agent, true) != EdgeClaim::Claimed {
+            if shared.claim_edge(shared.named(), r.generation, agent, true, false)
+                != EdgeClaim::Claimed
+            {
                 continue;
             }
             resolved += 1;
@@ -401,7 +403,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// }
     /// ```
     #[must_use = "a decision carries blocks or an outcome the engine must act on"]
-    #[inline]
+    #[inline(always)]
     pub fn poll_decision(&mut self) -> Option<Decision> {
         loop {
             if let Some((slot, kind)) = self.owner.decided.pop() {
@@ -419,8 +421,10 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// that pushed it. The common case, every edge landed, is handed out at once as
     /// `Completed`: the queue is empty when a pull reaches the ring, so that is the
     /// decision it would pop next, and pushing it only to pop it costs a round trip. Any
-    /// other decision goes to the queue.
-    #[inline]
+    /// other decision goes to the queue. Always inlined: out of line it cost ~40
+    /// instructions per request (fourth pass), and `#[inline]` stops sufficing once a crate
+    /// has two callers of `poll_decision`.
+    #[inline(always)]
     fn decide_ready(&mut self, slot: u32) -> Option<Decision> {
         let s = self.shared.slots[slot as usize]
             .state
@@ -445,7 +449,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
 
     /// Every edge of drained `slot` landed: retires it and frees its state word. The
     /// caller hands out (or queues) `Completed`; the slot is recycled at hand-out.
-    #[inline]
+    #[inline(always)]
     fn complete(&mut self, slot: u32, s: Snapshot) {
         self.retire(slot);
         self.shared.slots[slot as usize].state.free_drained(s);
@@ -659,7 +663,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// Remembers the id and unlinks it from the index and the timers (the caller frees the
     /// state word and queues the last decision; the slot goes back to the free list when
     /// that decision is handed out, so its record stays valid until then).
-    #[inline]
+    #[inline(always)]
     fn retire(&mut self, slot: u32) {
         let o = &mut *self.owner;
         let r = &mut o.requests[slot as usize];

@@ -201,11 +201,13 @@ mod tests {
     fn every_byte_of_every_length_counts() {
         // Flipping any one bit of any one byte changes both halves of the fingerprint, for
         // every length up to 3 rounds.
+        // Under miri (~1000x slower), the two bits that matter most for ASCII ids.
+        let bits: &[u32] = if cfg!(miri) { &[0, 7] } else { &[0, 1, 2, 3, 4, 5, 6, 7] };
         let base: std::vec::Vec<u8> = (0..96u8).map(|i| b'a' + i % 26).collect();
         for len in 0..=base.len() {
             let fp = Fingerprint::of(&key(9), &base[..len]);
             for i in 0..len {
-                for bit in 0..8 {
+                for &bit in bits {
                     let mut v = base[..len].to_vec();
                     v[i] ^= 1 << bit;
                     let other = Fingerprint::of(&key(9), &v);

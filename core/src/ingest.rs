@@ -27,11 +27,30 @@ pub enum Noticed {
 pub struct Ingest<'l, const N: usize, const E: usize> {
     pub(crate) shared: &'l Shared<N, E>,
     counters: &'l mut IngestCounters,
+    /// Built by [`Ledger`](crate::Ledger)'s own methods, which hold `&mut Ledger`: no
+    /// engine half exists, so no other thread can touch the shared half, and an edge is
+    /// resolved with plain stores instead of CAS (see `StateWord::transition_alone`).
+    alone: bool,
 }
 
 impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
+    /// The ingest half of a split ledger: its engine half may run on another thread.
     pub(crate) fn new(shared: &'l Shared<N, E>, counters: &'l mut IngestCounters) -> Self {
-        Ingest { shared, counters }
+        Ingest {
+            shared,
+            counters,
+            alone: false,
+        }
+    }
+
+    /// The ingest half for a caller that holds the whole ledger exclusively (`&mut
+    /// Ledger`, so no engine half exists while it lives).
+    pub(crate) fn alone(shared: &'l mut Shared<N, E>, counters: &'l mut IngestCounters) -> Self {
+        Ingest {
+            shared,
+            counters,
+            alone: true,
+        }
     }
 
     /// Feeds one NIXL notification from producer `agent`.
@@ -43,7 +62,10 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
     /// # Errors
     /// [`Ignored`] with the reason when the notice changed nothing; no state is created
     /// and no other request is touched.
-    #[inline]
+    // Always inlined, like `Engine::register`: as a call it costs its caller ~30
+    // instructions per notice, and with two call sites in one crate (the bench's ledger
+    // and split passes) the compiler stopped inlining a plain `#[inline]`.
+    #[inline(always)]
     pub fn handle_notification<'m>(
         &mut self,
         agent: AgentId,
@@ -55,7 +77,7 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
         };
         let fp = Fingerprint::of(&self.shared.key, id);
         loop {
-            let Some(found) = self.shared.find(fp) else {
+            let Some(found) = self.shared.find(fp, self.alone) else {
                 let reason = if self.shared.tombstones.contains(fp) {
                     IgnoreReason::Late
                 } else {
@@ -69,7 +91,7 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
             }
             let slot = &self.shared.slots[found.slot as usize];
             if found.named > 0 {
-                match slot.claim_edge(found.named, generation, agent, failed) {
+                match slot.claim_edge(found.named, generation, agent, failed, self.alone) {
                     EdgeClaim::Claimed => {}
                     EdgeClaim::Duplicate => return Err(self.ignore_id(IgnoreReason::Duplicate, id)),
                     EdgeClaim::Recycled => continue,
@@ -92,7 +114,12 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
             } else {
                 Resolution::Landed
             };
-            return match slot.state.resolve_edge_from(found.state, generation, how) {
+            let resolved = if self.alone {
+                slot.state.resolve_edge_alone(found.state, generation, how)
+            } else {
+                slot.state.resolve_edge_from(found.state, generation, how)
+            };
+            return match resolved {
                 Resolved::Counted => Ok(self.counted(failed, Noticed::Counted)),
                 Resolved::LastEdge => {
                     if !self.shared.ready.push(found.slot) {

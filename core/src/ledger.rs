@@ -63,7 +63,7 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
     /// needs keeps the per-notice path free of the engine half's construction.
     #[inline(always)]
     fn ingest_half(&mut self) -> Ingest<'_, N, E> {
-        Ingest::new(&self.shared, &mut self.ingest)
+        Ingest::alone(&mut self.shared, &mut self.ingest)
     }
 
     /// The engine half alone (see [`ingest_half`](Self::ingest_half)).
@@ -72,7 +72,12 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
         Engine::new(&self.shared, &mut self.owner)
     }
 
-    /// [`Ingest::handle_notification`] on one thread.
+    /// [`Ingest::handle_notification`] on one thread. Holding the whole ledger (`&mut
+    /// self`) it knows no other thread can touch it, so it skips the lookup's second read
+    /// of the state word and resolves the edge with plain stores instead of a CAS: the
+    /// same outcomes, fewer instructions and no `lock` prefix. The halves of
+    /// [`split`](Self::split) keep the lock-free protocol.
+    #[inline(always)]
     pub fn handle_notification<'m>(
         &mut self,
         agent: AgentId,
@@ -112,7 +117,7 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
 
     /// [`Engine::poll_decision`] on one thread.
     #[must_use = "a decision carries blocks or an outcome the engine must act on"]
-    #[inline]
+    #[inline(always)]
     pub fn poll_decision(&mut self) -> Option<Decision> {
         self.engine_half().poll_decision()
     }

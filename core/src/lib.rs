@@ -114,7 +114,9 @@
 //! [`Ledger::split`] gives an [`Ingest`] (the thread that drains NIXL notifications) and an
 //! [`Engine`] (the scheduler thread). `Ingest::handle_notification` takes no lock and never
 //! waits for the engine; every other operation belongs to the `Engine`. Both halves may
-//! also live on one thread, which is what the `Ledger` convenience methods do.
+//! also live on one thread, which is what the `Ledger` convenience methods do; holding
+//! `&mut Ledger`, [`Ledger::handle_notification`] knows no other thread can touch the
+//! ledger, so it resolves an edge with plain stores where the split halves use a CAS.
 //!
 //! | thread | methods |
 //! | --- | --- |
@@ -136,11 +138,11 @@
 //!
 //! | atomic | written by | protects | orderings |
 //! | --- | --- | --- | --- |
-//! | slot state word (`state_word.rs`) | both, by CAS | outstanding count, failed and settle flags, phase, generation | `AcqRel` CAS; `Release` publish/free by the owner; `Acquire` loads |
+//! | slot state word (`state_word.rs`) | both, by CAS (a plain `Release` store when one thread holds `&mut Ledger`) | outstanding count, failed and settle flags, phase, generation | `AcqRel` CAS; `Release` publish/free by the owner; `Acquire` loads |
 //! | shared clock (`shared.rs`) | owner, at each `advance` | the low 32 bits of the engine's time, for stamping failure notices | `Relaxed` store and load: a stale read stamps a notice with an earlier advance's time, which is the time the engine believed it was |
 //! | failure stamp (`slot.rs`) | ingest, before the CAS that resolves an edge by a failure notice | when the last failure notice came | `Relaxed` store sequenced before the `AcqRel` CAS that sets the state word's settle bit; the owner reads it after seeing that bit (`Acquire`) |
 //! | slot identity (fingerprint, edge count) | owner, while the slot is free | which request the slot holds | `Relaxed` stores after a `Release` fence; readers validate with an `Acquire` fence and a second state load (seqlock) |
-//! | edge words (`slot.rs`) | owner at registration; both by CAS | per-agent resolution, tagged with the generation | `AcqRel` CAS, `Acquire` loads |
+//! | edge words (`slot.rs`) | owner at registration; both by CAS (a plain store with `&mut Ledger`) | per-agent resolution, tagged with the generation | `AcqRel` CAS, `Acquire` loads |
 //! | index buckets (`index.rs`) | owner | id → slot | `Release` stores, `Acquire` loads |
 //! | ready ring (`ready.rs`) | ingest (tail), engine (head) | slots whose last edge a notice resolved | SPSC: `Release` publish, `Acquire` observe |
 //! | tombstones (`tombstones.rs`) | owner | `late` vs `unknown` labels only | stored in a ring of the last 16 first (its `hi` word `Release`, read `Acquire`), ordered before the `Release` that frees the slot or unlinks the id, so a notice that finds the id gone finds its tombstone; each full ring is written to the 4-way sets (`Relaxed`) before its entries are replaced; a torn read can only relabel one ignored notice |

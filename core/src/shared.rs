@@ -55,7 +55,11 @@ impl<const N: usize, const E: usize> Shared<N, E> {
     /// inserts and removes: each candidate slot is read seqlock-style (state, identity,
     /// `Acquire` fence, state again) and the lookup restarts if the slot was recycled
     /// under it. Lock-free: a restart means the owner made progress.
-    pub(crate) fn find(&self, fp: Fingerprint) -> Option<Found> {
+    ///
+    /// `alone`: the caller holds the whole ledger (`&mut Ledger`), so no owner can recycle
+    /// a slot during the lookup and the second read of the state word is skipped.
+    #[inline(always)]
+    pub(crate) fn find(&self, fp: Fingerprint, alone: bool) -> Option<Found> {
         'restart: loop {
             let mut pos = Index::<N>::home(fp);
             let tag = Index::<N>::tag(fp);
@@ -70,17 +74,18 @@ impl<const N: usize, const E: usize> Shared<N, E> {
                     let before = shared.state.load(Ordering::Acquire);
                     if before.phase() != Phase::Free {
                         let (candidate, named) = shared.read_identity();
-                        fence(Ordering::Acquire);
-                        let after = shared.state.load(Ordering::Relaxed);
-                        if !after.is_live(before.generation()) {
-                            continue 'restart;
-                        }
+                        let state = if alone {
+                            before
+                        } else {
+                            fence(Ordering::Acquire);
+                            let after = shared.state.load(Ordering::Relaxed);
+                            if !after.is_live(before.generation()) {
+                                continue 'restart;
+                            }
+                            after
+                        };
                         if candidate == fp {
-                            return Some(Found {
-                                slot,
-                                state: after,
-                                named,
-                            });
+                            return Some(Found { slot, state, named });
                         }
                     }
                 }

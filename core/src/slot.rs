@@ -107,12 +107,15 @@ impl<const E: usize> SharedSlot<E> {
     }
 
     /// Claims `agent`'s edge among the first `named` edges of generation `generation`.
+    /// `alone`: the caller holds the whole ledger (`&mut Ledger`), so the word it read is
+    /// current and the claim is a plain store rather than a CAS.
     pub(crate) fn claim_edge(
         &self,
         named: u32,
         generation: u32,
         agent: AgentId,
         failed: bool,
+        alone: bool,
     ) -> EdgeClaim {
         let tag = edge_tag(generation);
         for word in self.edges.iter().take(named as usize) {
@@ -130,6 +133,10 @@ impl<const E: usize> SharedSlot<E> {
                 let mut set = EdgeFlags::RESOLVED;
                 set.set(EdgeFlags::FAILED, failed);
                 let next = current | set.bits();
+                if alone {
+                    word.store(next, Ordering::Release);
+                    return EdgeClaim::Claimed;
+                }
                 match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
                 {
                     Ok(_) => return EdgeClaim::Claimed,

@@ -179,6 +179,22 @@ pub(crate) enum ForceFree {
     Recycled,
 }
 
+/// The transition of resolving one edge of generation `generation` as `how` says: one
+/// outstanding edge fewer and `how`'s flags, or why not.
+#[inline(always)]
+fn resolve(generation: u32, how: Resolution) -> impl Fn(Snapshot) -> Result<Snapshot, Resolved> {
+    let flags = how.flags();
+    move |s| {
+        if !s.is_live(generation) {
+            return Err(Resolved::Recycled);
+        }
+        if s.outstanding() == 0 {
+            return Err(Resolved::AlreadyDrained);
+        }
+        Ok(Snapshot((s.0 - 1) | flags.bits()))
+    }
+}
+
 /// The atomic state word of one slot.
 #[derive(Debug)]
 pub(crate) struct StateWord(AtomicU32);
@@ -225,6 +241,22 @@ impl StateWord {
         }
     }
 
+    /// [`transition`](Self::transition) for a caller that holds the whole ledger
+    /// (`&mut Ledger`, one thread): `seen` is the word's current value, since no other
+    /// thread can write it, so the new value is stored as is, without a CAS and its
+    /// `lock` prefix. (A plain store to an atomic: never undefined behaviour; it could
+    /// only lose a racing update, and the caller's exclusive borrow rules those out.)
+    #[inline]
+    fn transition_alone<T>(
+        &self,
+        seen: Snapshot,
+        f: impl FnOnce(Snapshot) -> Result<Snapshot, T>,
+    ) -> Result<Snapshot, T> {
+        let next = f(seen)?;
+        self.0.store(next.0, Ordering::Release);
+        Ok(next)
+    }
+
     /// Resolves one edge of generation `generation` as `how` says.
     #[inline]
     pub(crate) fn resolve_edge(&self, generation: u32, how: Resolution) -> Resolved {
@@ -241,16 +273,24 @@ impl StateWord {
         generation: u32,
         how: Resolution,
     ) -> Resolved {
-        let flags = how.flags();
-        let outcome = self.transition_from(seen, |s| {
-            if !s.is_live(generation) {
-                return Err(Resolved::Recycled);
-            }
-            if s.outstanding() == 0 {
-                return Err(Resolved::AlreadyDrained);
-            }
-            Ok(Snapshot((s.0 - 1) | flags.bits()))
-        });
+        Self::resolved(self.transition_from(seen, resolve(generation, how)))
+    }
+
+    /// [`resolve_edge_from`](Self::resolve_edge_from) for a caller that holds the whole
+    /// ledger: `seen` is current, and the new value is stored without a CAS (see
+    /// [`transition_alone`](Self::transition_alone)).
+    #[inline]
+    pub(crate) fn resolve_edge_alone(
+        &self,
+        seen: Snapshot,
+        generation: u32,
+        how: Resolution,
+    ) -> Resolved {
+        Self::resolved(self.transition_alone(seen, resolve(generation, how)))
+    }
+
+    #[inline]
+    fn resolved(outcome: Result<Snapshot, Resolved>) -> Resolved {
         match outcome {
             Ok(s) if s.outstanding() == 0 => Resolved::LastEdge,
             Ok(_) => Resolved::Counted,

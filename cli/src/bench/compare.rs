@@ -2,7 +2,10 @@
 //!
 //! kvdrain and the floor run interleaved on the same thread (rep by rep, alternating
 //! which goes first), so machine noise hits both alike; the ratio is reported both as
-//! the ratio of medians and as the median of per-rep ratios. Then
+//! the ratio of medians and as the median of per-rep ratios. kvdrain runs twice a rep:
+//! through `Ledger`'s own methods (`kvdrain`, the one-thread shortcut) and through the
+//! halves of `Ledger::split` on the same thread (`kvdrain-halves`, the lock-free protocol
+//! a two-thread deployment runs). Then
 //! `bench/vllm_baseline.py` runs as a child process with the same flags, after checking
 //! that it generates the same bytes (the first `min(M, 200 000)` messages are compared).
 
@@ -115,24 +118,29 @@ pub fn main(args: &CompareArgs) -> Result<(), Failure> {
     };
 
     let progress = crate::progress::bar(reps as u64, "reps");
-    let (kv, fl, walk) = on_big_stack(stack_for(shape.bytes), || {
-        let (mut kv, mut fl, mut walk) = (Vec::new(), Vec::new(), Vec::new());
+    let (kv, halves, fl, walk) = on_big_stack(stack_for(shape.bytes), || {
+        let (mut kv, mut halves, mut fl, mut walk) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for rep in 0..reps {
             progress.inc(1);
             if rep % 2 == 0 {
                 kv.push(shape.pass(&w));
                 fl.push(ingest::floor_pass(&w));
+                halves.push(shape.pass_halves(&w));
             } else {
+                halves.push(shape.pass_halves(&w));
                 fl.push(ingest::floor_pass(&w));
                 kv.push(shape.pass(&w));
             }
             walk.push(ingest::walk_pass(&w));
         }
-        (kv, fl, walk)
+        (kv, halves, fl, walk)
     })?;
     progress.finish_and_clear();
 
     let (mut line, kv_spread) = ingest::json_line("kvdrain", &w, &kv, counting);
+    line.put("ledger", shape.name()).print();
+    let (mut line, halves_spread) = ingest::json_line("kvdrain-halves", &w, &halves, counting);
     line.put("ledger", shape.name()).print();
     let (mut line, fl_spread) = ingest::json_line("rust-floor", &w, &fl, counting);
     line.put("hasher", "rustc-hash 2").print();
@@ -196,12 +204,19 @@ pub fn main(args: &CompareArgs) -> Result<(), Failure> {
         ("python_over_kvdrain", py_wall / kv_spread.wall.median),
         ("python_over_kvdrain_cpu", py_cpu / kv_spread.cpu.median),
         ("python_over_floor", py_wall / fl_spread.wall.median),
+        ("halves_cpu_ns", halves_spread.cpu.median),
+        (
+            "halves_over_floor_cpu",
+            halves_spread.cpu.median / fl_spread.cpu.median,
+        ),
+        ("python_over_halves_cpu", py_cpu / halves_spread.cpu.median),
         ("harness_walk_ns", walk_spread.cpu.median),
     ] {
         line.put(key, num(value));
     }
     line.put("stream_checked_against_python", checked).print();
     ingest::check("kvdrain", &w, &kv, counting)?;
+    ingest::check("kvdrain-halves", &w, &halves, counting)?;
     ingest::check("rust-floor", &w, &fl, counting)
 }
 

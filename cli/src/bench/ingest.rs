@@ -10,7 +10,10 @@
 
 use std::hint::black_box;
 
-use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Noticed, Registration};
+use kvdrain::{
+    AgentId, BlockHandle, Config, Decision, Engine, Expect, Ignored, Ingest, Ledger, Noticed,
+    Pending, RegisterError, Registration,
+};
 
 use super::args::{FloorArgs, IngestArgs, StreamArgs};
 use super::floor::Floor;
@@ -117,6 +120,7 @@ pub struct Shape {
     /// `size_of::<Ledger<N, E>>()`.
     pub bytes: usize,
     pass: fn(&Workload<'_>) -> Pass,
+    pass_halves: fn(&Workload<'_>) -> Pass,
 }
 
 /// `Ledger<N, E>` whatever R (`bench c-api` compares on the C ABI's instantiation).
@@ -125,7 +129,8 @@ pub fn shape<const N: usize, const E: usize>() -> Shape {
         n: N,
         e: E,
         bytes: size_of::<Ledger<N, E>>(),
-        pass: kvdrain_pass::<N, E>,
+        pass: kvdrain_pass::<N, E, false>,
+        pass_halves: kvdrain_pass::<N, E, true>,
     }
 }
 
@@ -164,13 +169,21 @@ impl Shape {
         format!("Ledger<{}, {}>", self.n, self.e)
     }
 
-    /// One timed repetition (call it on a stack of [`stack_for`]`(self.bytes)`).
+    /// One timed repetition through `Ledger`'s own methods (call it on a stack of
+    /// [`stack_for`]`(self.bytes)`).
     pub fn pass(&self, w: &Workload<'_>) -> Pass {
         (self.pass)(w)
     }
+
+    /// One timed repetition through the halves of `Ledger::split`, on this thread: the
+    /// lock-free protocol a two-thread deployment (and the C ABI) runs, without the
+    /// one-thread shortcut of `Ledger::handle_notification`.
+    pub fn pass_halves(&self, w: &Workload<'_>) -> Pass {
+        (self.pass_halves)(w)
+    }
 }
 
-fn kvdrain_pass<const N: usize, const E: usize>(w: &Workload<'_>) -> Pass {
+fn kvdrain_pass<const N: usize, const E: usize, const HALVES: bool>(w: &Workload<'_>) -> Pass {
     let edges = w.params.edges;
     let agents: [AgentId; 64] = core::array::from_fn(|i| AgentId(i as u16));
     let expect = match w.mode {
@@ -196,7 +209,18 @@ fn kvdrain_pass<const N: usize, const E: usize>(w: &Workload<'_>) -> Pass {
     let ledger = black_box(&mut ledger);
     let before = alloc::allocations();
     let clock = Clock::start();
-    let tally = drive(ledger, w.stream, w.ids, expect, edges);
+    let tally = if HALVES {
+        let (ingest, engine) = ledger.split();
+        drive(
+            &mut Halves { ingest, engine },
+            w.stream,
+            w.ids,
+            expect,
+            edges,
+        )
+    } else {
+        drive(ledger, w.stream, w.ids, expect, edges)
+    };
     let elapsed = clock.per(w.stream.len());
     let allocations = alloc::allocations() - before;
     Pass {
@@ -210,10 +234,53 @@ fn kvdrain_pass<const N: usize, const E: usize>(w: &Workload<'_>) -> Pass {
     }
 }
 
+/// What the timed loop drives: the ledger itself, or its split halves.
+trait Tracker {
+    fn notice<'m>(&mut self, agent: AgentId, bytes: &'m [u8]) -> Result<Noticed, Ignored<'m>>;
+    fn poll(&mut self) -> Option<Decision>;
+    fn register<'r>(&mut self, r: Registration<'r>) -> Result<Pending, RegisterError<'r>>;
+}
+
+impl<const N: usize, const E: usize> Tracker for Ledger<N, E> {
+    #[inline(always)]
+    fn notice<'m>(&mut self, agent: AgentId, bytes: &'m [u8]) -> Result<Noticed, Ignored<'m>> {
+        self.handle_notification(agent, bytes)
+    }
+    #[inline(always)]
+    fn poll(&mut self) -> Option<Decision> {
+        self.poll_decision()
+    }
+    #[inline(always)]
+    fn register<'r>(&mut self, r: Registration<'r>) -> Result<Pending, RegisterError<'r>> {
+        Ledger::register(self, r)
+    }
+}
+
+/// A ledger's two halves, driven from one thread.
+struct Halves<'l, const N: usize, const E: usize> {
+    ingest: Ingest<'l, N, E>,
+    engine: Engine<'l, N, E>,
+}
+
+impl<const N: usize, const E: usize> Tracker for Halves<'_, N, E> {
+    #[inline(always)]
+    fn notice<'m>(&mut self, agent: AgentId, bytes: &'m [u8]) -> Result<Noticed, Ignored<'m>> {
+        self.ingest.handle_notification(agent, bytes)
+    }
+    #[inline(always)]
+    fn poll(&mut self) -> Option<Decision> {
+        self.engine.poll_decision()
+    }
+    #[inline(always)]
+    fn register<'r>(&mut self, r: Registration<'r>) -> Result<Pending, RegisterError<'r>> {
+        self.engine.register(r)
+    }
+}
+
 /// The timed loop (not inlined, so profilers can single it out).
 #[inline(never)]
-fn drive<const N: usize, const E: usize>(
-    ledger: &mut Ledger<N, E>,
+fn drive<T: Tracker>(
+    ledger: &mut T,
     stream: &Stream,
     ids: &[String],
     expect: Expect<'_>,
@@ -227,11 +294,11 @@ fn drive<const N: usize, const E: usize>(
         if edge == edges {
             edge = 0;
         }
-        match ledger.handle_notification(agent, msg) {
+        match ledger.notice(agent, msg) {
             Ok(Noticed::Counted) => {}
             Ok(Noticed::Decided) => {
                 // The slot comes back as the decision is handed out: re-register at once.
-                while let Some(d) = ledger.poll_decision() {
+                while let Some(d) = ledger.poll() {
                     let blocks = match d {
                         Decision::Completed(c) => c.into_decode(),
                         Decision::Released(r) => r.into_free(),
