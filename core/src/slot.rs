@@ -109,6 +109,7 @@ impl<const E: usize> SharedSlot<E> {
     /// Claims `agent`'s edge among the first `named` edges of generation `generation`.
     /// `alone`: the caller holds the whole ledger (`&mut Ledger`), so the word it read is
     /// current and the claim is a plain store rather than a CAS.
+    #[inline]
     pub(crate) fn claim_edge(
         &self,
         named: u32,
