@@ -202,7 +202,11 @@ mod tests {
         // Flipping any one bit of any one byte changes both halves of the fingerprint, for
         // every length up to 3 rounds.
         // Under miri (~1000x slower), the two bits that matter most for ASCII ids.
-        let bits: &[u32] = if cfg!(miri) { &[0, 7] } else { &[0, 1, 2, 3, 4, 5, 6, 7] };
+        let bits: &[u32] = if cfg!(miri) {
+            &[0, 7]
+        } else {
+            &[0, 1, 2, 3, 4, 5, 6, 7]
+        };
         let base: std::vec::Vec<u8> = (0..96u8).map(|i| b'a' + i % 26).collect();
         for len in 0..=base.len() {
             let fp = Fingerprint::of(&key(9), &base[..len]);

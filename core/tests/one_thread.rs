@@ -97,32 +97,40 @@ fn registration<'a>(id: &'a str, expect: u8, deadline: Option<u64>) -> Registrat
     }
 }
 
-/// The run through `Ledger`'s methods: every outcome, one line each.
+/// Runs `$steps` with notices fed to `$ingest` and everything else to `$engine` (the same
+/// ledger, or its two halves), logging every outcome and decision, one line each.
+macro_rules! run {
+    ($ingest:ident, $engine:ident, $steps:expr, $log:ident) => {
+        for step in $steps {
+            match step {
+                Step::Register {
+                    id,
+                    expect,
+                    deadline,
+                } => {
+                    let r = $engine.register(registration(id, *expect, *deadline));
+                    $log.push(format!("register {:?}", r.map_err(|e| e.kind)));
+                }
+                Step::Notice { agent, bytes } => {
+                    let r = $ingest.handle_notification(*agent, bytes);
+                    $log.push(format!("notice {r:?}"));
+                }
+                Step::Abort(id) => $log.push(format!("abort {:?}", $engine.abort_id(id))),
+                Step::Fence(agent) => $log.push(format!("fence {}", $engine.fence(*agent))),
+                Step::Advance(now) => $log.push(format!("advance {:?}", $engine.advance(*now))),
+            }
+            for d in $engine.decisions() {
+                $log.push(format!("decision {d:?}"));
+            }
+        }
+    };
+}
+
+/// The run through `Ledger`'s methods.
 fn through_ledger(steps: &[Step]) -> Vec<String> {
     let mut l = ledger();
     let mut log = Vec::new();
-    for step in steps {
-        match step {
-            Step::Register {
-                id,
-                expect,
-                deadline,
-            } => {
-                let r = l.register(registration(id, *expect, *deadline));
-                log.push(format!("register {:?}", r.map_err(|e| e.kind)));
-            }
-            Step::Notice { agent, bytes } => {
-                let r = l.handle_notification(*agent, bytes);
-                log.push(format!("notice {r:?}"));
-            }
-            Step::Abort(id) => log.push(format!("abort {:?}", l.abort_id(id))),
-            Step::Fence(agent) => log.push(format!("fence {}", l.fence(*agent))),
-            Step::Advance(now) => log.push(format!("advance {:?}", l.advance(*now))),
-        }
-        for d in l.decisions() {
-            log.push(format!("decision {d:?}"));
-        }
-    }
+    run!(l, l, steps, log);
     log.push(format!("counters {:?}", l.counters()));
     log
 }
@@ -133,28 +141,7 @@ fn through_halves(steps: &[Step]) -> Vec<String> {
     let mut log = Vec::new();
     {
         let (mut ingest, mut engine) = l.split();
-        for step in steps {
-            match step {
-                Step::Register {
-                    id,
-                    expect,
-                    deadline,
-                } => {
-                    let r = engine.register(registration(id, *expect, *deadline));
-                    log.push(format!("register {:?}", r.map_err(|e| e.kind)));
-                }
-                Step::Notice { agent, bytes } => {
-                    let r = ingest.handle_notification(*agent, bytes);
-                    log.push(format!("notice {r:?}"));
-                }
-                Step::Abort(id) => log.push(format!("abort {:?}", engine.abort_id(id))),
-                Step::Fence(agent) => log.push(format!("fence {}", engine.fence(*agent))),
-                Step::Advance(now) => log.push(format!("advance {:?}", engine.advance(*now))),
-            }
-            for d in engine.decisions() {
-                log.push(format!("decision {d:?}"));
-            }
-        }
+        run!(ingest, engine, steps, log);
     }
     log.push(format!("counters {:?}", l.counters()));
     log
