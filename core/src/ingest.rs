@@ -202,8 +202,9 @@ const _: () = assert!(PUSH_FAIL[0] == b'P' && PUSH_REG[0] == b'P' && HEARTBEAT[0
 /// common case": the caller falls back to [`wire::parse`], which classifies the message
 /// and reports errors exactly as before. The id is not checked for UTF-8 here (see
 /// `Ingest::ignore_id`): whatever this accepts with a UTF-8 id, `wire::parse` accepts as
-/// the same message, and with any other id it calls `NotUtf8` (tested below). Always inlined: with `#[inline]` the compiler kept it a call
-/// (about 7 instructions per notice of call and return).
+/// the same message, and with any other id it calls `NotUtf8` (tested below). Always
+/// inlined: with `#[inline]` the compiler kept it a call (about 7 instructions per notice
+/// of call and return).
 #[inline(always)]
 fn consumer_notice(bytes: &[u8]) -> Option<(&[u8], bool)> {
     // The three prefixes start with `P` or `H`: any other first byte is a completion
