@@ -42,11 +42,32 @@ if ! rustup toolchain list | grep -q "^$MSRV-"; then
     rustup toolchain install "$MSRV" --profile minimal
 fi
 
-if ! cargo fuzz --version >/dev/null 2>&1; then
-    log "cargo install cargo-fuzz"
-    cargo install --locked cargo-fuzz
+# Cargo tools, each pinned: cargo install builds them from crates.io (minutes each on a
+# fresh machine), so the check below compares versions, not mere presence.
+cargo_tool() { # cargo_tool BINARY CRATE VERSION VERSION-COMMAND...
+    local bin=$1 crate=$2 version=$3
+    shift 3
+    if ! "$@" 2>/dev/null | grep -qF "$version"; then
+        log "cargo install $crate $version"
+        cargo install --locked --force "$crate" --version "$version"
+    fi
+    command -v "$bin" >/dev/null 2>&1 || { log "ERROR: $bin not on PATH after install"; exit 1; }
+}
+cargo_tool cargo-fuzz cargo-fuzz "$CARGO_FUZZ_VERSION" cargo fuzz --version
+# `make deny` (licenses, bans, sources); deny.toml follows this version's format.
+cargo_tool cargo-deny cargo-deny "$CARGO_DENY_VERSION" cargo deny --version
+# `make c-header`, `make c-test`: the committed header is this version's output.
+cargo_tool cbindgen cbindgen "$CBINDGEN_VERSION" cbindgen --version
+
+# The C ABI's tests: pkg-config, gcc and g++ (libasan/libubsan come with gcc).
+missing_apt=()
+command -v pkg-config >/dev/null 2>&1 || missing_apt+=(pkg-config)
+command -v cc >/dev/null 2>&1 || missing_apt+=(gcc)
+command -v g++ >/dev/null 2>&1 || missing_apt+=(g++)
+if [ "${#missing_apt[@]}" -gt 0 ]; then
+    log "apt-get install ${missing_apt[*]}"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing_apt[@]}"
 fi
-#   with miri and rust-src (miri, cargo-fuzz), cargo-fuzz itself, and cargo-deny (pinned);
-#   for the C ABI (make c-test): cbindgen (pinned), pkg-config, and gcc/g++ with their
-#   sanitizer runtimes.
+
 log "tools ready"
