@@ -14,9 +14,14 @@ CXX="${CXX:-g++}"
 log() { printf '[c-test] %s\n' "$*"; }
 
 log "header up to date (cbindgen --verify)"
-(cd bindings/c && cbindgen -q --config cbindgen.toml --crate kvdrain-ffi --verify \
-    --output include/kvdrain.h) || {
+bash scripts/c-header.sh --verify || {
     echo "bindings/c/include/kvdrain.h is stale: run 'make c-header' and commit it" >&2
+    exit 1
+}
+
+version="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)"
+grep -qx "#define KVDRAIN_VERSION \"$version\"" bindings/c/include/kvdrain.h || {
+    echo "bindings/c/include/kvdrain.h: KVDRAIN_VERSION is not the crate version $version" >&2
     exit 1
 }
 

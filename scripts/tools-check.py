@@ -323,7 +323,7 @@ def collect_installs(setup: list[Script], root: Path, base: Base) -> Installed:
         for cmd in s.cmds:
             if bind_loop(cmd, s):
                 continue
-            words = [w for w in cmd if not re.fullmatch(r"[A-Za-z_]+=.*", w)]
+            words = [w for w in cmd if not re.fullmatch(r"[A-Za-z_]+=.*", w, re.S)]
             while words and (words[0] in WRAPPERS or words[0] in KEYWORDS):
                 words = words[1:]
             if not words:
@@ -425,7 +425,9 @@ def check(root: Path, seen: set[str] | None = None) -> list[str]:
             # assignments, keywords and wrappers before the command word
             while words:
                 w = words[0]
-                if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\+?=.*", w) or w in KEYWORDS:
+                if w == "case":  # `case WORD in`: the patterns are no commands either
+                    words = []
+                elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\+?=.*", w, re.S) or w in KEYWORDS:
                     words = words[1:]
                 elif w in WRAPPERS:
                     opts = WRAPPERS[w]
@@ -447,6 +449,8 @@ def check(root: Path, seen: set[str] | None = None) -> list[str]:
             if words[0] == "command" and words[1:2] == ["-v"]:
                 continue
             head = words[0]
+            if "*" in head:
+                continue  # a `case` pattern (`*-abi3-*)`), not a command
             if head in ('"$@"', "$@") or head in s.functions:
                 continue
             array = re.fullmatch(r"\$\{([A-Za-z_]+)\[@\]\}", head)
