@@ -21,18 +21,20 @@ fn kvdrain(args: &[&str]) -> std::process::Output {
 #[test]
 fn commands_page_usage_matches_help() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/commands.md");
-    let readme = std::fs::read_to_string(path).expect("docs/commands.md");
-    let begin = readme.find(BEGIN).expect("docs/commands.md has the usage block");
-    let body = begin + readme[begin..].find("-->\n").expect("marker ends") + 4;
-    let end = readme.find(END).expect("docs/commands.md has the end marker");
+    let page = std::fs::read_to_string(path).expect("docs/commands.md");
+    let begin = page
+        .find(BEGIN)
+        .expect("docs/commands.md has the usage block");
+    let body = begin + page[begin..].find("-->\n").expect("marker ends") + 4;
+    let end = page.find(END).expect("docs/commands.md has the end marker");
     let block = format!("```text\n{}```\n", command::readme_usage());
     if std::env::var_os("KVDRAIN_BLESS").is_some() {
-        let updated = format!("{}{block}{}", &readme[..body], &readme[end..]);
+        let updated = format!("{}{block}{}", &page[..body], &page[end..]);
         std::fs::write(path, updated).expect("write docs/commands.md");
         return;
     }
     assert_eq!(
-        readme[body..end],
+        page[body..end],
         block,
         "docs/commands.md usage block is stale: run KVDRAIN_BLESS=1 cargo test -p kvdrain-cli --test usage"
     );
