@@ -5,8 +5,9 @@
 #      UndefinedBehaviorSanitizer (the Rust library is built normally, in release);
 #   3. the C++ RAII example (bindings/c/examples/raii.cpp), sanitized too;
 #   4. the README's "Use from C/C++" example, extracted and compiled as written;
-#   5. `make install` into a temporary PREFIX, then the catalogue again, built only with
-#      `pkg-config --cflags --libs kvdrain` against the installed shared library.
+#   5. `make install` (the Makefile's target itself) into a temporary PREFIX, then the
+#      catalogue again, built only with `pkg-config --cflags --libs kvdrain` against the
+#      installed shared library.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CC="${CC:-cc}"
@@ -56,7 +57,7 @@ test -s "$work/readme.c" || { echo "no \`\`\`c block under '## Use from C/C++' i
 "$work/readme"
 
 log "make install PREFIX=$work/prefix, then pkg-config --cflags --libs kvdrain"
-bash scripts/c-install.sh "$work/prefix" >/dev/null
+make -s install PREFIX="$work/prefix" >/dev/null
 export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig"
 read -r -a pc <<<"$(pkg-config --cflags --libs kvdrain)"
 libdir="$(pkg-config --variable=libdir kvdrain)"
