@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -368,16 +369,17 @@ def collect_installs(setup: list[Script], root: Path, base: Base) -> Installed:
                     elif a == "-r" and k + 1 < len(after):
                         req = root / re.sub(r"^\$\{?[A-Za-z_]+\}?/", "", expand(after[k + 1], s)[0])
                         for line in req.read_text().splitlines():
-                            name = re.match(r"^\s*([A-Za-z0-9_.-]+)", line.split("#")[0])
-                            if name:
-                                got.commands.add(name.group(1))
-                                got.modules.add(name.group(1))
+                            req_name = re.match(r"^\s*([A-Za-z0-9_.-]+)", line.split("#")[0])
+                            if req_name:
+                                got.commands.add(req_name.group(1))
+                                got.modules.add(req_name.group(1))
                         skip = True
                     elif a in ("--target", "--platform", "--python-version", "-d"):
                         skip = True
                     elif not a.startswith("-") and not a.startswith("$") and "/" not in a:
-                        name = re.split(r"[=<>!]", a)[0]
+                        name = re.split(r"[=<>!\[]", a)[0]
                         got.modules.add(name)
+                        got.commands.add(name)  # a package's script is often its name
     return got
 
 
@@ -472,8 +474,12 @@ def check(root: Path, seen: set[str] | None = None) -> list[str]:
     return problems
 
 
-def check_command(name: str, args: list[str], s: Script, line: str, need, have_cmd,
-                  have_tc, have_comp, have_target, have_mod, base: Base) -> None:
+Need = Callable[[bool, str, str], None]
+
+
+def check_command(name: str, args: list[str], s: Script, line: str, need: Need,
+                  have_cmd: set[str], have_tc: set[str], have_comp: set[tuple[str, str]],
+                  have_target: set[tuple[str, str]], have_mod: set[str], base: Base) -> None:
     where = s.name
     if name in base.guarded:
         need(name in s.guarded, where, f"`{name}` without a `command -v {name}` test")
