@@ -21,7 +21,10 @@ for c in "${crates[@]}"; do args+=(-p "$c"); done
 log "cargo package ${args[*]}"
 warnings="$(mktemp)"
 trap 'rm -f "$warnings"' EXIT
-cargo package "${args[@]}" --allow-dirty --exclude-lockfile 2> >(tee "$warnings" >&2)
+status=0
+cargo package "${args[@]}" --allow-dirty --exclude-lockfile 2>"$warnings" || status=$?
+cat "$warnings" >&2
+[ "$status" -eq 0 ] || exit "$status"
 if grep -q "^warning: manifest has no" "$warnings"; then
     log "FAIL: a manifest lacks metadata crates.io asks for (see the warnings above)"
     exit 1
