@@ -28,7 +28,10 @@ case "$(basename "$wheel")" in
     *) log "FAIL: $(basename "$wheel") is not an abi3 wheel"; exit 1 ;;
 esac
 [ -f "$sdist" ] || { log "FAIL: no sdist $sdist"; exit 1; }
-python3 -m zipfile -l "$wheel" | grep -q "kvdrain-$version.dist-info/licenses/LICENSE" || {
+# Not `| grep -q`: grep exits at the first match, and under pipefail the writer's SIGPIPE
+# would fail the pipeline.
+contents="$(python3 -m zipfile -l "$wheel")"
+grep -q "kvdrain-$version.dist-info/licenses/LICENSE" <<<"$contents" || {
     log "FAIL: $(basename "$wheel") carries no LICENSE"
     exit 1
 }
