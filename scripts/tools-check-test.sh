@@ -39,7 +39,7 @@ expect_failure() {
         exit 1
     }
     log "ok: $what -> exit $rc"
-    grep -F -- "$message" <<<"$out" | head -n 1 | sed 's/^/    /'
+    grep -m 1 -F -- "$message" <<<"$out" | sed "s/^/    /"
 }
 
 fresh_copy
