@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# `make tools-check-test`: proves scripts/tools-check.py can fail. On a temporary copy of
-# the Makefile, .ci/run and scripts/, it first passes as the repository does, then each
-# mutation below (an install step deleted, or a new tool called) must make it exit
-# non-zero and name the missing tool.
+# Run by `make tools-check`: proves scripts/tools-check.py can fail. On a temporary copy of
+# the Makefile, .ci/run and scripts/, the check must succeed as it does on the repository;
+# then each mutation below (an install step deleted, or a new tool called) must make it
+# exit non-zero and name the missing tool.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 work="$(mktemp -d)"
