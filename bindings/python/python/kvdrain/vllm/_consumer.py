@@ -1,32 +1,20 @@
-"""vLLM's push-mode consumer bookkeeping (decode side), as one object.
+"""Push-mode consumer bookkeeping (decode side) for one rank, engine-neutral.
 
-Each method stands for one place of vLLM 0.33's ``NixlPushConnectorWorker`` (the
-``push_worker.py`` of the NIXL connector) and is called from the same thread:
+:class:`PushConsumer` is the decode side of vLLM's push protocol as one object with no
+vLLM import: registration, a writer-thread batch, an engine-thread step, the transfer
+results, the invalid blocks and the release of fenced blocks. vLLM 0.33 itself does not
+call it: the connector plugin :mod:`kvdrain.vllm.connector` (``KvdrainPushConnector``)
+drives a :class:`kvdrain.Ledger` from vLLM's own worker and scheduler classes. This
+object serves engines with one process per rank and a request-finished hook on the same
+side, tests, and the examples.
 
-==============================================  =============================================
-vLLM 0.33 place                                 :class:`PushConsumer` method
-==============================================  =============================================
-``start_load_kv``: store ``_recving_metadata``  :meth:`~PushConsumer.start_load_kv`
-writer thread: ``get_new_notifs()`` batch,      :meth:`~PushConsumer.writer_batch` (returns the
-``PUSH_REG:`` routing, queue the rest           ``PUSH_REG:``/``HB:`` messages to route)
-engine thread: ``_get_new_notifs`` (count up    :meth:`~PushConsumer.get_new_notifs`
-to ``pp_size × max(1, TP // world_size)``)
-``get_transfer_results`` (``finished_recving``, :meth:`~PushConsumer.get_transfer_results`
-failed requests; metadata dropped)
-``_handle_failed_transfer`` → invalid block     :meth:`~PushConsumer.get_block_ids_with_load_errors`
-ids (``get_block_ids_with_load_errors``)
-request finished / aborted                      :meth:`~PushConsumer.request_finished`
-(blocks freed only when no write can land)      :meth:`~PushConsumer.get_released`
-a producer agent known dead / invalidated       :meth:`~PushConsumer.fence_agent`
-==============================================  =============================================
-
-What changes against vLLM: the expected count is fixed at registration (from the
-``tp_size``/``pp_size`` of ``kv_transfer_params``) instead of re-read from every message;
-``PUSH_FAIL:`` notices count and fail the request (vLLM PR #50754); duplicates of a
-decided request, unknown ids and garbage bytes never raise and create no state; a request
-that waits past its deadline fails (``expired``); and the blocks of an aborted or expired
-request stay fenced until no write can still land (or ``quarantine_ms`` runs out) — they
-come back through :meth:`~PushConsumer.get_released`.
+What it decides: the expected count is fixed at registration (``pp × max(1, TP //
+world_size)`` from the producer's ``tp_size``/``pp_size``) instead of re-read from every
+message; ``PUSH_FAIL:`` notices count and fail the request; duplicates of a decided
+request, unknown ids and garbage bytes never raise and create no state; a request that
+waits past its deadline fails (``expired``); and the blocks of an aborted, expired or
+failed request stay fenced until no write can still land (or ``quarantine_ms`` runs out)
+— they come back through :meth:`~PushConsumer.get_released`.
 
 Failed requests and settling (rule 8 of the replay spec). A ``PUSH_FAIL:`` may report a
 write that errored after it was posted, and NIXL cannot cancel a posted write: its bytes
@@ -34,15 +22,16 @@ can still land for a while. So a failed request's blocks take two steps:
 
 1. when it fails, :meth:`~PushConsumer.get_transfer_results` names it and
    :meth:`~PushConsumer.get_block_ids_with_load_errors` reports all its blocks (every KV
-   group): they do not hold its KV, the engine applies its load failure policy;
+   group): they do not hold its KV;
 2. they are **not free yet**: :meth:`~PushConsumer.request_finished` returns ``True``
    (delay the free) until ``settle_ms`` after the request's last failure notice, and then
    :meth:`~PushConsumer.get_released` names the request — the blocks may be reused.
 
-A request that failed only by fences or deadlines needs no settling beyond its quarantine;
-``settle_ms=0`` is vLLM's behaviour (the blocks are free with the failure). A failure
-notice's time is the clock of the engine thread's last :meth:`~PushConsumer.get_new_notifs`
-(the writer thread reads no clock), so leave one engine step of margin in ``settle_ms``.
+A lost producer (:meth:`~PushConsumer.producer_gone`) settles like a failure notice: its
+bytes may still be in flight. ``settle_ms=0`` frees a failed request's blocks with the
+failure. A failure notice's time is the clock of the engine thread's last
+:meth:`~PushConsumer.get_new_notifs` (the writer thread reads no clock), so leave one
+engine step of margin in ``settle_ms``.
 """
 
 from __future__ import annotations
@@ -222,11 +211,12 @@ class PushConsumer:
         released, self._released = self._released, set()
         return released
 
-    def fence_agent(self, agent: str) -> None:
-        """The transport knows ``agent`` can no longer write here (metadata invalidated,
-        peer dead): its outstanding named edges resolve as failed."""
+    def producer_gone(self, agent: str) -> None:
+        """The producer agent ``agent`` is lost (its engine died or was evicted): its
+        outstanding named edges resolve as failed, and their requests' blocks settle
+        like after a failure notice (bytes it sent may still land)."""
         done: set[str] = set()
-        for d in self.ledger.fence(agent):
+        for d in self.ledger.gone(agent):
             self._apply(d, done)
 
 
