@@ -49,7 +49,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -93,6 +93,7 @@ __all__ = [
     "KvdrainPushConnector",
     "KvdrainPushScheduler",
     "KvdrainPushWorker",
+    "producer_ranks",
 ]
 
 logger = logging.getLogger("kvdrain.vllm")
@@ -111,6 +112,16 @@ def _groups(block_ids: Any) -> list[list[int]]:
     if isinstance(block_ids[0], int):
         return [list(block_ids)]
     return [list(g) for g in block_ids]
+
+
+def producer_ranks(d_rank: int, d_tp: int, p_tp: int) -> list[int]:
+    """The producer TP ranks whose WRITEs land on consumer rank ``d_rank`` (one PP
+    stage): ``k = p_tp / d_tp`` consecutive ranks when the producer has more, else the
+    one rank whose heads this rank holds."""
+    if p_tp >= d_tp:
+        k = p_tp // d_tp
+        return list(range(d_rank * k, d_rank * k + k))
+    return [d_rank * p_tp // d_tp]
 
 
 class KvdrainConnectorMetadata(NixlConnectorMetadata):
@@ -232,7 +243,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
                 groups = _groups(meta.local_block_ids)
                 if not any(groups):
                     continue  # finished before allocation: nothing was registered
-                expect = meta.pp_size * max(1, meta.tp_size // self.world_size)
+                expect = self._kvdrain_expect(meta)
                 try:
                     self.kvdrain_ledger.register(rid, tuple(groups), expect)
                 except DuplicateRequestError:
@@ -261,6 +272,25 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
                 continue
             if decision is not None:
                 self._kvdrain_phase[rid] = "aborted"
+
+    def _kvdrain_expect(self, meta: Any) -> int | list[str]:
+        """The producer agents that write this rank for a request (named edges: each
+        must send exactly one notice), when the handshake with that engine is done and
+        the layout is one vLLM writes rank to rank; else vLLM's count,
+        ``pp × max(1, TP // world_size)``."""
+        count: int = meta.pp_size * max(1, meta.tp_size // self.world_size)
+        if self.use_mla or meta.remote is None:
+            return count
+        with self._handshake_lock:
+            agents = dict(self._remote_agents.get(meta.remote.engine_id) or {})
+        names = [
+            agents.get((stage, p))
+            for stage in range(meta.pp_size)
+            for p in producer_ranks(self.tp_rank, self.world_size, meta.tp_size)
+        ]
+        if len(names) != count or None in names or len(set(names)) != count:
+            return count
+        return [n for n in names if n is not None]
 
     def _get_new_notifs(self) -> set[str]:
         # Only producer-bound messages reach this queue: the ledger kept the rest.
@@ -589,5 +619,3 @@ class KvdrainPushConnector(NixlPushConnector):
         else:
             raise ValueError(f"Unsupported KVConnectorRole: {role}")
 
-
-_ = Sequence  # re-exported types are used in annotations only
