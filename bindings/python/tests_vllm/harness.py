@@ -557,3 +557,71 @@ def split(batches: dict[int, dict[str, list[bytes]]], keep: Iterable[str]) -> di
 
 
 _ = Sequence
+
+
+class ProducerRank:
+    """One producer (prefill) worker rank pushing one request's KV to a decode engine of
+    ``d_tp`` ranks, through vLLM's real ``_xfer_blocks_for_req`` (topology, descriptors,
+    posting, publication), polled by the real ``get_transfer_results``."""
+
+    def __init__(self, which: str, *, p_tp: int = 1, tp_rank: int = 0, d_tp: int = 1) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.tp_mapping import (
+            compute_tp_mapping,
+        )
+
+        self.clock = Clock()
+        cfg = vllm_config(which, tp=p_tp, role="kv_producer")
+        self.d_agents = {(0, d): f"D{d}" for d in range(d_tp)}
+        w = make_worker(
+            which,
+            cfg,
+            tp_rank=tp_rank,
+            world_size=p_tp,
+            engine_id=P_ENGINE,
+            remote_engine=D_ENGINE,
+            remote_tp=d_tp,
+            remote_agents=self.d_agents,
+            clock=self.clock,
+        )
+        assert w.transfer_topo is not None
+        w._group_spec_types = (FullAttentionSpec,)
+        w.tp_mappings[D_ENGINE] = compute_tp_mapping(w.transfer_topo, d_tp, (FullAttentionSpec,))
+        w.dst_xfer_side_handles[D_ENGINE] = {d: 50 + d for d in range(d_tp)}
+        ratio = w.transfer_topo.tp_ratio(d_tp)
+        if ratio < 0:
+            w.src_xfer_handles_by_tp_ratio[(ratio, BLOCK_SIZE)] = [60 + i for i in range(-ratio)]
+        for eid in (D_ENGINE, P_ENGINE):
+            w.dst_num_blocks[eid] = NUM_BLOCKS
+            w.dst_region_num_blocks[eid] = None
+            w.dst_region_group_ids[eid] = []
+            w.dst_uses_region_group_mapping[eid] = False
+        self.w = w
+        self.nixl: FakeNixl = w.nixl_wrapper
+        self.which = which
+
+    def push(self, p_rid: str, d_rid: str, *, lease_s: float = 30.0) -> list[int]:
+        """The writer thread's WRITE for ``p_rid`` into D's request ``d_rid``; returns the
+        handles posted."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (
+            RemoteMeta,
+            ReqMeta,
+        )
+
+        import time as _time
+
+        self.w._reqs_to_send[p_rid] = _time.perf_counter() + lease_s
+        self.w._reqs_to_process.add(p_rid)
+        meta = ReqMeta(
+            local_block_ids=([1, 2, 3],),
+            local_physical_block_ids=([1, 2, 3],),
+            tp_size=self.w.world_size,
+            remote=RemoteMeta(
+                block_ids=([4, 5, 6],), host="", port=0, engine_id=D_ENGINE, request_id=d_rid
+            ),
+        )
+        before = {h for h, _ in self.nixl.posted}
+        self.w._xfer_blocks_for_req(p_rid, meta)
+        return [h for h, _ in self.nixl.posted if h not in before]
+
+    def results(self) -> KVConnectorTransferResults:
+        return self.w.get_transfer_results()
