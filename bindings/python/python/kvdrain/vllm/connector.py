@@ -220,6 +220,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         self._kvdrain_reporting: set[str] = set()
         self._kvdrain_seen: dict[str, int] = dict.fromkeys(_AFTER_EXPIRY, 0)
         self._kvdrain_seen["malformed"] = 0
+        self._kvdrain_fed = False  # set by the writer thread after a non-empty batch
         # P side, shared by the writer thread (posts) and the engine thread (polls).
         self._kvdrain_lock = threading.Lock()
         self._kvdrain_plans: dict[str, PushPlan] = {}
@@ -239,11 +240,12 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         if not (self.pcp_rank > 0 and not self.pcp_dcp_sharded):
             # Registered before vLLM queues the PUSH_REG, so no completion can arrive
             # ahead of its request.
+            agents: dict[str, dict[tuple[int, int], str]] = {}
             for rid, meta in metadata.reqs_to_recv.items():
                 groups = _groups(meta.local_block_ids)
                 if not any(groups):
                     continue  # finished before allocation: nothing was registered
-                expect = self._kvdrain_expect(meta)
+                expect = self._kvdrain_expect(meta, agents)
                 try:
                     self.kvdrain_ledger.register(rid, tuple(groups), expect)
                 except DuplicateRequestError:
@@ -273,7 +275,9 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             if decision is not None:
                 self._kvdrain_phase[rid] = "aborted"
 
-    def _kvdrain_expect(self, meta: Any) -> int | list[str]:
+    def _kvdrain_expect(
+        self, meta: Any, agents_of: dict[str, dict[tuple[int, int], str]]
+    ) -> int | list[str]:
         """The producer agents that write this rank for a request (named edges: each
         must send exactly one notice), when the handshake with that engine is done and
         the layout is one vLLM writes rank to rank; else vLLM's count,
@@ -281,8 +285,11 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         count: int = meta.pp_size * max(1, meta.tp_size // self.world_size)
         if self.use_mla or meta.remote is None:
             return count
-        with self._handshake_lock:
-            agents = dict(self._remote_agents.get(meta.remote.engine_id) or {})
+        engine = meta.remote.engine_id
+        agents = agents_of.get(engine)
+        if agents is None:
+            with self._handshake_lock:
+                agents = agents_of[engine] = dict(self._remote_agents.get(engine) or {})
         names = [
             agents.get((stage, p))
             for stage in range(meta.pp_size)
@@ -309,7 +316,9 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             self._kvdrain_apply(d)
         for d in self.kvdrain_ledger.advance(self.kvdrain_now_ms()):
             self._kvdrain_apply(d)
-        self._kvdrain_count_notices()
+        if self._kvdrain_fed:
+            self._kvdrain_fed = False
+            self._kvdrain_count_notices()
         return set()
 
     def _kvdrain_apply(self, d: Decision) -> None:
@@ -414,7 +423,12 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         for rid in _drain(self._evict_finished_inbox):
             self._push_finished_blocks.pop(rid, None)
             self._pending_d_registrations.pop(rid, None)
-        for _agent, notif in self.kvdrain_ledger.feed(self.nixl_wrapper.get_new_notifs()):
+        batch = self.nixl_wrapper.get_new_notifs()
+        if not batch:
+            return
+        back = self.kvdrain_ledger.feed(batch)
+        self._kvdrain_fed = True
+        for _agent, notif in back:
             if notif.startswith(PUSH_REG_NOTIF_PREFIX):
                 self._handle_push_reg_notif(notif)
             else:
