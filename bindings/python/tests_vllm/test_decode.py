@@ -450,3 +450,30 @@ def test_plain_producer_that_fails_silently_meets_the_deadline(which: str) -> No
 
 def test_block_size_is_what_the_cpu_backend_takes() -> None:
     assert BLOCK_SIZE % 32 == 0
+
+
+@BOTH
+def test_vllm_own_failure_is_reported_once(which: str) -> None:
+    """vLLM fails a receive itself when its PUSH_REG cannot be sent (handshake failure,
+    no producer agents): it puts the id on ``_failed_recv_reqs``. Reported once, freed at
+    once (nothing can land); the plugin's ledger forgets it and reports nothing later."""
+    e = engine(which, tp=1, p_tp=1)
+    total = registered(e, "r", p_tp=1)
+    e.workers[0]._failed_recv_reqs.put("r")  # what vLLM's handshake callback does
+    s = e.step()
+    assert s.error is None
+    assert s.finished_recving == {"r"} and s.failed_recving == {"r"}
+    assert e.free_blocks() == total
+    e.clock.advance_ms(QUARANTINE_MS + DEADLINE_MS)
+    s = e.step({0: {"P0": [completion("r", 1)]}})
+    assert s.error is None and s.finished_recving == set()
+    wait_steps(e, 2)
+    no_double_reports(e)
+
+
+def test_the_plugin_is_what_vllm_loaded() -> None:
+    from kvdrain.vllm.connector import KvdrainPushConnector, KvdrainPushScheduler
+
+    e = engine(PLUGIN)
+    assert type(e.scheduler.connector) is KvdrainPushConnector
+    assert type(e.scheduler.connector.connector_scheduler) is KvdrainPushScheduler  # type: ignore[union-attr]

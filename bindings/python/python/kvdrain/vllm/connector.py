@@ -96,7 +96,8 @@ __all__ = [
     "producer_ranks",
 ]
 
-logger = logging.getLogger("kvdrain.vllm")
+# A child of vLLM's own logger, so the lines appear in vLLM's log with its format.
+logger = logging.getLogger("vllm.kvdrain")
 
 # The writer thread's poll while producer blocks wait for a registration (vLLM's 1 ms).
 _WRITER_POLL_S = 0.001
@@ -228,6 +229,15 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         self._kvdrain_engine_of: dict[str, str] = {}  # request -> D engine
         # Requests whose finished_sending waits for their writes: request -> deadline ms.
         self._kvdrain_held: dict[str, int] = {}
+        logger.info(
+            "kvdrain: ledger on TP rank %d (deadline_ms=%d, quarantine_ms=%d, "
+            "settle_ms=%d, capacity=%d)",
+            self.tp_rank,
+            settings.deadline_ms,
+            settings.quarantine_ms,
+            settings.settle_ms,
+            settings.capacity,
+        )
 
     def kvdrain_now_ms(self) -> int:
         """This rank's clock, in ms since the ledger was built."""
