@@ -17,7 +17,9 @@ failed requests; metadata dropped)
 ids (``get_block_ids_with_load_errors``)
 request finished / aborted                      :meth:`~PushConsumer.request_finished`
 (blocks freed only when no write can land)      :meth:`~PushConsumer.get_released`
-a producer agent known dead / invalidated       :meth:`~PushConsumer.fence_agent`
+a producer agent lost (dead, connection reset,  :meth:`~PushConsumer.gone_agent`
+metadata invalidated)
+a producer agent proven unable to write         :meth:`~PushConsumer.fence_agent`
 ==============================================  =============================================
 
 What changes against vLLM: the expected count is fixed at registration (from the
@@ -38,6 +40,14 @@ can still land for a while. So a failed request's blocks take two steps:
 2. they are **not free yet**: :meth:`~PushConsumer.request_finished` returns ``True``
    (delay the free) until ``settle_ms`` after the request's last failure notice, and then
    :meth:`~PushConsumer.get_released` names the request — the blocks may be reused.
+
+A producer seen gone (a failed send or heartbeat, a reset connection, a dead process,
+invalidated metadata) is reported with :meth:`~PushConsumer.gone_agent`, never with
+:meth:`~PushConsumer.fence_agent`: the bytes it had already handed to its transport keep
+landing (measured over UCX TCP: up to 173 ms after a reset), so its outstanding edges fail
+at once, as failure notices from it would, and their blocks settle for ``settle_ms``.
+:meth:`~PushConsumer.fence_agent` is only for a transport that can prove nothing more of
+the producer's can land.
 
 A request that failed only by fences or deadlines needs no settling beyond its quarantine;
 ``settle_ms=0`` is vLLM's behaviour (the blocks are free with the failure). A failure
@@ -222,9 +232,21 @@ class PushConsumer:
         released, self._released = self._released, set()
         return released
 
+    def gone_agent(self, agent: str) -> None:
+        """The transport lost ``agent`` (a failed send or heartbeat, a reset connection,
+        a dead process, invalidated metadata): its outstanding named edges fail now, as
+        failure notices from it would, and their blocks settle for ``settle_ms``, because
+        its bytes already on the way may still land. The settling counts from now (the
+        clock is advanced first), not from the last :meth:`get_new_notifs`."""
+        done: set[str] = set()
+        for d in self.ledger.advance(self.now_ms()) + self.ledger.gone(agent):
+            self._apply(d, done)
+
     def fence_agent(self, agent: str) -> None:
-        """The transport knows ``agent`` can no longer write here (metadata invalidated,
-        peer dead): its outstanding named edges resolve as failed."""
+        """The transport proves ``agent`` can no longer write here: nothing of it is in
+        flight and none of it can land. Its outstanding named edges resolve as failed,
+        with no settling. A peer merely seen gone (dead, reset, metadata invalidated) is
+        :meth:`gone_agent`."""
         done: set[str] = set()
         for d in self.ledger.fence(agent):
             self._apply(d, done)
