@@ -8,6 +8,27 @@ drives a :class:`kvdrain.Ledger` from vLLM's own worker and scheduler classes. T
 object serves engines with one process per rank and a request-finished hook on the same
 side, tests, and the examples.
 
+Where each method's counterpart sits in vLLM 0.33's push worker and scheduler:
+
+==============================================  =============================================
+vLLM 0.33 place                                 :class:`PushConsumer` method
+==============================================  =============================================
+``start_load_kv``: store ``_recving_metadata``  :meth:`~PushConsumer.start_load_kv`
+writer thread: ``get_new_notifs()`` batch,      :meth:`~PushConsumer.writer_batch` (returns the
+``PUSH_REG:`` routing, queue the rest           ``PUSH_REG:``/``HB:`` messages to route)
+engine thread: ``_get_new_notifs`` (count up    :meth:`~PushConsumer.get_new_notifs`
+to ``pp_size × max(1, TP // world_size)``)
+``get_transfer_results`` (``finished_recving``, :meth:`~PushConsumer.get_transfer_results`
+failed requests; metadata dropped)
+``_handle_failed_transfer`` → invalid block     :meth:`~PushConsumer.get_block_ids_with_load_errors`
+ids (``get_block_ids_with_load_errors``)
+request finished / aborted                      :meth:`~PushConsumer.request_finished`
+(blocks freed only when no write can land)      :meth:`~PushConsumer.get_released`
+a producer agent lost (dead, connection reset,  :meth:`~PushConsumer.gone_agent`
+metadata invalidated)
+a producer agent proven unable to write         :meth:`~PushConsumer.fence_agent`
+==============================================  =============================================
+
 What it decides: the expected count is fixed at registration (``pp × max(1, TP //
 world_size)`` from the producer's ``tp_size``/``pp_size``) instead of re-read from every
 message; ``PUSH_FAIL:`` notices count and fail the request; duplicates of a decided
@@ -27,11 +48,18 @@ can still land for a while. So a failed request's blocks take two steps:
    (delay the free) until ``settle_ms`` after the request's last failure notice, and then
    :meth:`~PushConsumer.get_released` names the request — the blocks may be reused.
 
-A lost producer (:meth:`~PushConsumer.producer_gone`) settles like a failure notice: its
-bytes may still be in flight. ``settle_ms=0`` frees a failed request's blocks with the
-failure. A failure notice's time is the clock of the engine thread's last
-:meth:`~PushConsumer.get_new_notifs` (the writer thread reads no clock), so leave one
-engine step of margin in ``settle_ms``.
+A producer seen gone (a failed send or heartbeat, a reset connection, a dead process,
+invalidated metadata) is reported with :meth:`~PushConsumer.gone_agent`, never with
+:meth:`~PushConsumer.fence_agent`: the bytes it had already handed to its transport keep
+landing (measured over UCX TCP: up to 173 ms after a reset), so its outstanding edges fail
+at once, as failure notices from it would, and their blocks settle for ``settle_ms``.
+:meth:`~PushConsumer.fence_agent` is only for a transport that can prove nothing more of
+the producer's can land.
+
+A request that failed only by fences or deadlines needs no settling beyond its quarantine;
+``settle_ms=0`` is vLLM's behaviour (the blocks are free with the failure). A failure
+notice's time is the clock of the engine thread's last :meth:`~PushConsumer.get_new_notifs`
+(the writer thread reads no clock), so leave one engine step of margin in ``settle_ms``.
 """
 
 from __future__ import annotations
@@ -211,12 +239,23 @@ class PushConsumer:
         released, self._released = self._released, set()
         return released
 
-    def producer_gone(self, agent: str) -> None:
-        """The producer agent ``agent`` is lost (its engine died or was evicted): its
-        outstanding named edges resolve as failed, and their requests' blocks settle
-        like after a failure notice (bytes it sent may still land)."""
+    def gone_agent(self, agent: str) -> None:
+        """The transport lost ``agent`` (a failed send or heartbeat, a reset connection,
+        a dead process, invalidated metadata): its outstanding named edges fail now, as
+        failure notices from it would, and their blocks settle for ``settle_ms``, because
+        its bytes already on the way may still land. The settling counts from now (the
+        clock is advanced first), not from the last :meth:`get_new_notifs`."""
         done: set[str] = set()
-        for d in self.ledger.gone(agent):
+        for d in self.ledger.advance(self.now_ms()) + self.ledger.gone(agent):
+            self._apply(d, done)
+
+    def fence_agent(self, agent: str) -> None:
+        """The transport proves ``agent`` can no longer write here: nothing of it is in
+        flight and none of it can land. Its outstanding named edges resolve as failed,
+        with no settling. A peer merely seen gone (dead, reset, metadata invalidated) is
+        :meth:`gone_agent`."""
+        done: set[str] = set()
+        for d in self.ledger.fence(agent):
             self._apply(d, done)
 
 

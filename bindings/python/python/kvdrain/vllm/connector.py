@@ -395,6 +395,9 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         with self._handshake_lock:
             agents = list(self._remote_agents.get(engine_id, {}).values())
         super()._cleanup_remote_engine(engine_id, log_eviction=log_eviction)
+        # The clock first, so the lost producer's settling counts from now.
+        for d in self.kvdrain_ledger.advance(self.kvdrain_now_ms()):
+            self._kvdrain_apply(d)
         for agent in agents:
             for d in self.kvdrain_ledger.gone(agent):
                 self._kvdrain_apply(d)
