@@ -229,6 +229,8 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         self._kvdrain_engine_of: dict[str, str] = {}  # request -> D engine
         # Requests whose finished_sending waits for their writes: request -> deadline ms.
         self._kvdrain_held: dict[str, int] = {}
+        # PUSH_FAILs owed by this step's polls, sent once vLLM's lock is released.
+        self._kvdrain_owed: list[tuple[str, bytes]] = []
         logger.info(
             "kvdrain: ledger on TP rank %d (deadline_ms=%d, quarantine_ms=%d, "
             "settle_ms=%d, capacity=%d)",
@@ -388,6 +390,8 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
                 except UnknownRequestError:
                     pass
         self._kvdrain_reporting.clear()
+        owed, self._kvdrain_owed = self._kvdrain_owed, []
+        self._kvdrain_send(owed)
         self._kvdrain_hold_sends(results.finished_sending)
         return results
 
@@ -538,7 +542,8 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             else:
                 done.add(rid)
                 del transfers[rid]
-        self._kvdrain_send(owed)
+        # vLLM holds its sending-transfers lock here: the notices go out after it.
+        self._kvdrain_owed.extend(owed)
         return done, failed
 
     def _kvdrain_poll(self, rid: str, handle: int, failed: set[str]) -> str:
