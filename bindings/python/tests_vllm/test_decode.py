@@ -261,7 +261,7 @@ def test_colon_less_bytes_alone(which: str) -> None:
     assert s.finished_recving == {"r"}
 
 
-# -- abort while receiving (C1, #46283) ------------------------------------------------ #
+# -- abort while receiving (C1, vLLM #46283) --------------------------------------------- #
 
 
 @BOTH
@@ -286,7 +286,7 @@ def test_abort_while_receiving_frees_when_the_last_write_lands(which: str) -> No
 
 @BOTH
 def test_abort_while_receiving_when_the_producer_never_reports(which: str) -> None:
-    """The producer also gave up and never writes (#46283): vLLM 0.33 holds the blocks
+    """The producer also gave up and never writes (vLLM #46283): vLLM 0.33 holds the blocks
     for ever; the plugin frees them when the quarantine (above the producer's lease)
     ends, and not before."""
     e = engine(which, tp=1, p_tp=1)

@@ -160,5 +160,9 @@ def test_consumer_side_of_a_plugin_producer(which: str) -> None:
     assert s.finished_recving == set()
     if which == CONTROL:
         assert e.status("r") == RequestStatus.WAITING_FOR_REMOTE_KVS
+        # 0.33 took it for the unknown id "PUSH_FAIL:r": one notification after expiry.
+        stats = e.workers[0].xfer_stats.data
+        assert stats["num_notifications_after_expiry"] == [1]
+        assert e.workers[0].consumer_notification_counts_by_req == {"r": 1}
         return
     assert e.status("r") == RequestStatus.FINISHED_ERROR
