@@ -21,7 +21,7 @@ import queue
 import tempfile
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -555,8 +555,6 @@ def split(batches: dict[int, dict[str, list[bytes]]], keep: Iterable[str]) -> di
     keep = set(keep)
     return {d: {a: m for a, m in b.items() if a in keep} for d, b in batches.items()}
 
-
-_ = Sequence
 
 
 class ProducerRank:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 from harness import (
-    BLOCK_SIZE,
     CONTROL,
     PLUGIN,
     P_ENGINE,
@@ -446,10 +445,6 @@ def test_plain_producer_that_fails_silently_meets_the_deadline(which: str) -> No
     e.clock.advance_ms(QUARANTINE_MS)
     s = e.step()
     assert s.finished_recving == {"r"} and e.free_blocks() == total
-
-
-def test_block_size_is_what_the_cpu_backend_takes() -> None:
-    assert BLOCK_SIZE % 32 == 0
 
 
 @BOTH
