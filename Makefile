@@ -10,14 +10,14 @@ include scripts/toolchains
 export NIGHTLY
 
 .PHONY: tools-check package package-crates package-python
-.PHONY: demo test setup setup-nixl setup-tools check fmt clippy clippy-cfg doc deny unit release-suites nostd msrv loom miri fuzz-smoke replay python python-test bench-python c-header c-header-check c-test install
+.PHONY: demo test setup setup-nixl setup-tools check fmt clippy clippy-cfg doc deny unit release-suites nostd msrv loom miri fuzz-smoke replay python python-test vllm test-vllm bench-vllm bench-python c-header c-header-check c-test install
 
 ## The main job: P(TP=2) -> D(TP=1) over real NIXL in one process.
 demo: setup-nixl
 	$(CARGO) run --release -p kvdrain-cli --features nixl -- demo $(DEMO_ARGS)
 
 ## Every test and check CI runs.
-test: setup check unit release-suites nostd msrv loom miri fuzz-smoke python-test c-test package
+test: setup check unit release-suites nostd msrv loom miri fuzz-smoke python-test test-vllm c-test package
 	@echo "make test: all suites passed"
 
 setup: setup-nixl setup-tools
@@ -130,6 +130,20 @@ python:
 python-test: python
 	cd bindings/python && ../../$(VENV)/bin/python -m pytest -q tests
 	cd bindings/python && ../../$(VENV)/bin/mypy
+
+## The vLLM test environment: .venv-vllm/ with vllm==0.33.0 and nixl from PyPI (about
+## 10 GB, skipped once installed) and the wheel `make python` built.
+vllm: python
+	bash scripts/setup-vllm.sh
+
+## The connector plugin (kvdrain.vllm.connector) on vLLM 0.33.0's real scheduler and push
+## worker classes, every scenario through the plugin and through vLLM's own connector.
+test-vllm: vllm
+	cd bindings/python/tests_vllm && ../../../.venv-vllm/bin/python -m pytest -q
+
+## The plugin's cost per engine step and per notification next to vLLM 0.33's own path.
+bench-vllm: vllm
+	.venv-vllm/bin/python bench/python/bench_vllm.py $(BENCH_VLLM_ARGS)
 
 ## Per-notification cost from Python next to vLLM's Python counting path, same bytes.
 bench-python: python

@@ -58,7 +58,7 @@ Example:
   kvdrain replay tests/traces/story_mixed_node.trace
   printf 'register r1 expect=1\\nnotify p0 r1:1\\n' | kvdrain replay -")]
 pub struct ReplayArgs {
-    /// The trace, one command a line (config, at, register, notify, abort, fence; examples
+    /// The trace, one command a line (config, at, register, notify, abort, fence, gone; examples
     /// in tests/traces), or - for standard input.
     #[arg(value_name = "FILE|-")]
     pub trace: PathBuf,
@@ -366,10 +366,18 @@ impl Replay<'_> {
                 let agent = self.agents.get(agent).copied().unwrap_or(STRANGER);
                 let _resolved = ledger.fence(agent);
             }
+            "gone" => {
+                let agent = name("AGENT", args.next())?;
+                if args.next().is_some() {
+                    return Err(Step::Trace("gone takes one argument".into()));
+                }
+                let agent = self.agents.get(agent).copied().unwrap_or(STRANGER);
+                let _resolved = ledger.gone(agent);
+            }
             other => return Err(Step::Trace(format!("unknown command {other:?}"))),
         }
-        // Every decision the command led to, in the order taken: those `at` or `fence`
-        // took, then those of requests a notice drained (decided at the pull).
+        // Every decision the command led to, in the order taken: those `at`, `fence` or
+        // `gone` took, then those of requests a notice drained (decided at the pull).
         while let Some(d) = ledger.poll_decision() {
             self.decision(d)?;
         }

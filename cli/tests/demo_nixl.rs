@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 
 /// Families the demo must export, with their OpenMetrics type.
-const FAMILIES: [(&str, &str); 24] = [
+const FAMILIES: [(&str, &str); 25] = [
     ("kvdrain:nixl_num_registered_reqs", "counter"),
     ("kvdrain:nixl_num_completed_reqs", "counter"),
     ("kvdrain:nixl_num_failed_reqs", "counter"),
@@ -17,6 +17,7 @@ const FAMILIES: [(&str, &str); 24] = [
     ("kvdrain:nixl_num_aborted_reqs", "counter"),
     ("kvdrain:nixl_num_released_reqs", "counter"),
     ("kvdrain:nixl_num_fenced_edges", "counter"),
+    ("kvdrain:nixl_num_gone_edges", "counter"),
     ("kvdrain:nixl_num_rejected_registrations", "counter"),
     ("kvdrain:nixl_num_completions", "counter"),
     ("kvdrain:nixl_num_failure_notices", "counter"),

@@ -57,7 +57,9 @@ pub struct EngineCounters {
     pub abort_late: u64,
     /// Named edges resolved as failed by a fence.
     pub fenced_edges: u64,
-    /// Requests that started waiting for a failure notice to settle (rule 8).
+    /// Named edges resolved as failed by a `gone` (they settle, as failure notices do).
+    pub gone_edges: u64,
+    /// Requests that started waiting for a failure notice or a `gone` to settle (rule 8).
     pub settle_started: u64,
     /// Of those, how many were released when the settling ended (the others were
     /// released by their quarantine running out first; both are also counted in

@@ -1,4 +1,4 @@
-//! The engine half: registration, abort, fence, clock and decisions. Owns every table
+//! The engine half: registration, abort, fence and gone, clock and decisions. Owns every table
 //! the ingest thread only reads.
 
 use crate::Millis;
@@ -25,8 +25,8 @@ enum Probe {
     Vacant(usize),
 }
 
-/// The engine half of a [`Ledger`](crate::Ledger): registration, abort, fence, clock and
-/// decisions. One per ledger, on the scheduler thread.
+/// The engine half of a [`Ledger`](crate::Ledger): registration, abort, fence and gone,
+/// clock and decisions. One per ledger, on the scheduler thread.
 #[derive(Debug)]
 pub struct Engine<'l, const N: usize, const E: usize> {
     shared: &'l Shared<N, E>,
@@ -111,6 +111,8 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             fp,
             live: true,
             settling: false,
+            gone: false,
+            gone_at: 0,
             owed_at_expiry: 0,
         };
         if registration.deadline_ms.is_none() {
@@ -146,8 +148,8 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     }
 
     /// Aborts the request of `ticket`: it is over for the client now; its blocks stay
-    /// fenced until every edge resolves (a `Released` that a notice or a
-    /// [`fence`](Self::fence) decides) or `quarantine_ms` runs out (a forced `Released`
+    /// fenced until every edge resolves (a `Released` that a notice, a
+    /// [`fence`](Self::fence) or a [`gone`](Self::gone) decides, once it settled) or `quarantine_ms` runs out (a forced `Released`
     /// that [`advance`](Self::advance) decides); [`poll_decision`](Self::poll_decision)
     /// hands it out.
     ///
@@ -256,16 +258,67 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     }
 
     /// The transport confirmed that `agent` can no longer write here: resolves, as
-    /// failed, every outstanding named edge of `agent` now. Counting-mode requests are not
-    /// touched (nobody knows which notices the agent still owed). Requests whose last
-    /// edge this resolves are decided at once, in registration order; their decisions
-    /// wait for [`poll_decision`](Self::poll_decision). Returns the number of edges
-    /// resolved. `O(N·E)`: fences are rare.
+    /// failed, every outstanding named edge of `agent` now, with no settling (nothing of
+    /// the agent's can still land). Counting-mode requests are not touched (nobody knows
+    /// which notices the agent still owed), and neither are requests registered later.
+    /// Requests whose last edge this resolves are decided at once, in registration order;
+    /// their decisions wait for [`poll_decision`](Self::poll_decision). Returns the number
+    /// of edges resolved. `O(N·E)`: fences are rare.
+    ///
+    /// Only for a transport that can prove it: a peer seen gone (a failed send or
+    /// heartbeat, a reset connection, a dead process, invalidated metadata) proves
+    /// nothing of the kind, since bytes already handed to its transport keep landing.
+    /// Report that with [`gone`](Self::gone).
     pub fn fence(&mut self, agent: AgentId) -> u32 {
+        let resolved = self.resolve_agent(agent, Resolution::Fenced);
+        self.owner.counters.fenced_edges += u64::from(resolved);
+        resolved
+    }
+
+    /// The transport saw `agent` go away (a send or heartbeat to it failed, its
+    /// connection was reset, its process died, its metadata was invalidated) but cannot
+    /// confirm that none of its bytes already on the way can still land: resolves, as
+    /// failed, every outstanding named edge of `agent` now, exactly as a failure notice
+    /// from `agent` for each of those requests would (rule 8): the decision is taken at
+    /// once and the blocks settle for `settle_ms` from now. An edge already resolved is
+    /// left as it is; counting-mode requests and requests registered later are not
+    /// touched, as with [`fence`](Self::fence). Requests whose last edge this resolves are
+    /// decided at once, in registration order (`Failed`; `Released` for an aborted or
+    /// expired request, once it settled or its quarantine ended); their decisions wait for
+    /// [`poll_decision`](Self::poll_decision). Returns the number of edges resolved.
+    /// `O(N·E)`.
+    ///
+    /// ```
+    /// # use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration};
+    /// let mut ledger: Ledger<16, 2> = Ledger::new(Config { settle_ms: 100, ..Config::with_capacity(16) });
+    /// let (p0, p1) = (AgentId(0), AgentId(1));
+    /// # let _t = ledger.register(Registration { id: "r", blocks: BlockHandle(1),
+    /// #     expect: Expect::Edges(&[p0, p1]), deadline_ms: None }).unwrap();
+    /// let _ = ledger.handle_notification(p0, b"r:2");
+    /// ledger.advance(20).expect("clock forward");
+    /// // p1's heartbeat failed: the request fails now, its blocks settle until 20 + 100.
+    /// assert_eq!(ledger.gone(p1), 1);
+    /// assert!(matches!(ledger.poll_decision(), Some(Decision::Failed(_))));
+    /// ledger.advance(119).expect("clock forward");
+    /// assert_eq!(ledger.poll_decision(), None);
+    /// ledger.advance(120).expect("clock forward");
+    /// assert!(matches!(ledger.poll_decision(), Some(Decision::Released(_))));
+    /// ```
+    pub fn gone(&mut self, agent: AgentId) -> u32 {
+        let resolved = self.resolve_agent(agent, Resolution::Gone);
+        self.owner.counters.gone_edges += u64::from(resolved);
+        resolved
+    }
+
+    /// Resolves, as `how` says (a fence or a `gone`), every outstanding named edge of
+    /// `agent` among the live requests, and decides those whose last edge it was, in
+    /// registration order. Returns the number of edges resolved.
+    fn resolve_agent(&mut self, agent: AgentId, how: Resolution) -> u32 {
         let mut resolved = 0;
         let mut batch = 0;
+        let now = self.owner.now as u32;
         for slot in 0..N as u32 {
-            let r = &self.owner.requests[slot as usize];
+            let r = &mut self.owner.requests[slot as usize];
             let shared = &self.shared.slots[slot as usize];
             if !r.live || shared.named() == 0 {
                 continue;
@@ -276,12 +329,17 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                 continue;
             }
             resolved += 1;
-            if shared.state.resolve_edge(r.generation, Resolution::Fenced) == Resolved::LastEdge {
+            if how == Resolution::Gone {
+                // Before the state word: whoever decides (here, or a pull after the
+                // ingest side resolved the last edge) reads it on this thread.
+                r.gone = true;
+                r.gone_at = now;
+            }
+            if shared.state.resolve_edge(r.generation, how) == Resolved::LastEdge {
                 self.owner.batch[batch] = slot;
                 batch += 1;
             }
         }
-        self.owner.counters.fenced_edges += u64::from(resolved);
         self.sort_batch(batch);
         for i in 0..batch {
             let slot = self.owner.batch[i];
@@ -372,14 +430,14 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// Hands out the oldest decision not handed out yet, `None` when there is none.
     ///
     /// Decisions come out in the order they were taken: those of [`advance`](Self::advance)
-    /// and [`fence`](Self::fence) (taken there, in registration order), then those of the
+    /// [`fence`](Self::fence) and [`gone`](Self::gone) (taken there, in registration order), then those of the
     /// requests whose last edge the ingest side resolved (decided here, in the order the
     /// notices resolved them): `Completed`; or `Failed` then `Released` (later, from an
     /// `advance`, if a failure notice has to settle first, rule 8); or, for an aborted or
     /// expired request, `Released`. A request's decisions always come out in that order.
     ///
     /// Pull until `None` after every call that can decide (a notice that returned
-    /// [`Noticed::Decided`](crate::Noticed::Decided), `advance`, `fence`), or at least on
+    /// [`Noticed::Decided`](crate::Noticed::Decided), `advance`, `fence`, `gone`), or at least on
     /// every scheduler step: a decided request keeps its slot until its last decision
     /// (`Completed` or `Released`) is handed out, so a caller that pulls late sees
     /// `register` refuse `Full` (and [`has_room`](Self::has_room) say `false`) while
@@ -511,7 +569,8 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         self.owner.now
     }
 
-    /// When the next deadline or quarantine end falls.
+    /// When the next deadline, settle end or quarantine end falls: the time to
+    /// [`advance`](Self::advance) to next, if nothing else happens first.
     pub fn next_timer(&self) -> Option<Millis> {
         self.owner.timers.next_due()
     }
@@ -527,7 +586,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         self.owner.live
     }
 
-    /// Decisions taken by `advance`, `fence` or an earlier pull and not handed out yet
+    /// Decisions taken by `advance`, `fence`, `gone` or an earlier pull and not handed out yet
     /// (decisions of requests the ingest side drained are taken at the pull and not
     /// counted until then).
     pub fn queued_decisions(&self) -> usize {
@@ -597,22 +656,28 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         o.counters.settling += 1;
     }
 
-    /// When the blocks of drained `slot` may be released as far as rule 8 goes: the last
-    /// failure notice's time plus `settle_ms`, or 0 if no failure notice resolved an edge.
+    /// When the blocks of drained `slot` may be released as far as rule 8 goes: the time
+    /// of the last failure notice or `gone` that resolved one of its edges, plus
+    /// `settle_ms`; 0 if neither did.
     fn settle_end(&self, slot: u32, s: Snapshot) -> Millis {
-        if !s.settles() {
-            return 0;
-        }
-        let stamp = self.shared.slots[slot as usize].failure_noticed_at();
-        self.failure_noticed_at(stamp)
-            .saturating_add(self.owner.config.settle_ms)
+        let r = &self.owner.requests[slot as usize];
+        let notice = s
+            .settles()
+            .then(|| self.shared.slots[slot as usize].failure_noticed_at());
+        let gone = r.gone.then_some(r.gone_at);
+        notice
+            .into_iter()
+            .chain(gone)
+            .map(|stamp| self.stamped_at(stamp))
+            .max()
+            .map_or(0, |at| at.saturating_add(self.owner.config.settle_ms))
     }
 
-    /// The full time of a failure stamp (the low 32 bits of a clock value the engine
-    /// published, never later than its clock): the latest time at or before the clock
-    /// with those low bits. Exact while the notice is less than 2^32 ms (49.7 days) old;
-    /// an older one reads as later, which can only delay a release.
-    fn failure_noticed_at(&self, stamp: u32) -> Millis {
+    /// The full time of a stamp (the low 32 bits of a clock value the engine published,
+    /// never later than its clock: a failure notice's or a `gone`'s): the latest time at
+    /// or before the clock with those low bits. Exact while the stamp is less than 2^32 ms
+    /// (49.7 days) old; an older one reads as later, which can only delay a release.
+    fn stamped_at(&self, stamp: u32) -> Millis {
         let now = self.owner.now;
         now.saturating_sub(u64::from((now as u32).wrapping_sub(stamp)))
     }

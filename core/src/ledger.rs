@@ -110,6 +110,11 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
         self.engine_half().fence(agent)
     }
 
+    /// [`Engine::gone`] on one thread.
+    pub fn gone(&mut self, agent: AgentId) -> u32 {
+        self.engine_half().gone(agent)
+    }
+
     /// [`Engine::advance`] on one thread.
     pub fn advance(&mut self, now: Millis) -> Result<(), ClockError> {
         self.engine_half().advance(now)
@@ -137,7 +142,7 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
         self.owner.now()
     }
 
-    /// When the next deadline or quarantine end falls, if any request has one.
+    /// When the next deadline, settle end or quarantine end falls, if any request has one.
     pub fn next_timer(&self) -> Option<Millis> {
         self.owner.next_timer()
     }

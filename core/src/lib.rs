@@ -15,23 +15,25 @@
 //!                     abort  │  deadline                                           │
 //!                            ▼  ▼                                                  ▼
 //!                    ABORTED / EXPIRED ── every edge resolved ───────────▶ (SETTLING) ─▶ released
-//!                       (quarantined)        (late notice, fence)       settle end     ▲
+//!                       (quarantined)    (late notice, fence, gone)     settle end     ▲
 //!                            │                    │ quarantine end first               │
 //!                            └── quarantine_ms ran out, edges outstanding ─────────────┘ (forced)
 //! ```
 //!
 //! `SETTLING` (rule 8) is passed through at once, with no wait, unless a failure notice
-//! (`PUSH_FAIL:`) resolved one of the request's edges less than
-//! [`settle_ms`](Config::settle_ms) ago: the write it reports may have failed after it
-//! was posted and still be landing, so the blocks stay fenced until `settle_ms` after the
-//! last such notice (or, for an aborted or expired request, until its quarantine ends, if
-//! that comes first: a forced release is never delayed). A settling request is decided
+//! (`PUSH_FAIL:`) or a [`gone`](Engine::gone) of its agent resolved one of the request's
+//! edges less than [`settle_ms`](Config::settle_ms) ago: the write it reports may have
+//! failed after it was posted and still be landing, so the blocks stay fenced until
+//! `settle_ms` after the last such notice or `gone` (or, for an aborted or expired
+//! request, until its quarantine ends, if that comes first: a forced release is never
+//! delayed). A settling request is decided
 //! (`failed` was handed out, notices for it are `late`) but still holds its slot.
 //!
 //! An *edge* is one producer write that the request waits for: in counting mode (vLLM's
 //! semantics) `n` notices from anyone; in named-edge mode one notice from each named
 //! producer agent. An edge is *resolved* by its completion, by a `PUSH_FAIL:` notice, or
-//! by a [`fence`](Engine::fence) of its agent. `completed` and `released` free the slot at
+//! (named edges only) by a [`gone`](Engine::gone) or a [`fence`](Engine::fence) of its
+//! agent. `completed` and `released` free the slot at
 //! once; what the ledger remembers of decided ids (for `late`) lives in a separate
 //! tombstone table that costs no capacity.
 //!
@@ -40,16 +42,17 @@
 //! request reaches exactly one of completed / failed / aborted / expired, at the latest at
 //! the first clock advance that reaches its deadline; a failure never cuts the count short;
 //! unknown ids create no state; bad input is reported and disturbs no other request;
-//! terminal outcomes are sticky; a failure notice settles for `settle_ms` before its
-//! request's blocks are released (completions and fences need no settling).
+//! terminal outcomes are sticky; a failure notice or a `gone` settles for `settle_ms`
+//! before its request's blocks are released (completions and fences need no settling); a
+//! peer seen gone is not a peer that can no longer write.
 //!
 //! ## Drive contract
 //!
 //! **Time enters only through [`advance`](Engine::advance); events enter through
-//! `handle_notification`, `register`, `abort` and `fence`; decisions leave through one
-//! pull, [`poll_decision`](Engine::poll_decision) (or the [`decisions`](Engine::decisions)
-//! iterator over it), in the order they were taken.** `advance` and `fence` make their
-//! transitions at once (a deadline expires at the advance that reaches it, not at the
+//! `handle_notification`, `register`, `abort`, `gone` and `fence`; decisions leave through
+//! one pull, [`poll_decision`](Engine::poll_decision) (or the
+//! [`decisions`](Engine::decisions) iterator over it), in the order they were taken.**
+//! `advance`, `gone` and `fence` make their transitions at once (a deadline expires at the advance that reaches it, not at the
 //! pull) and queue the decisions; a request whose last edge a notice resolved is decided
 //! at the pull. The queue has fixed room (two decisions per slot, no allocation): a
 //! decided request keeps its slot until its last decision is handed out.
@@ -66,12 +69,18 @@
 //! 5. On each scheduler step, [`advance`](Engine::advance) to the current monotonic time
 //!    in ms ([`next_timer`](Engine::next_timer) says when it matters next), then pull:
 //!    deadlines, quarantine ends and settle ends fire at the advance, so a `Released` that
-//!    waits for a failure notice to settle is decided there. A failure notice counts as
-//!    received at the time of the last `advance` before it (each `advance` publishes its
-//!    time to the ingest half; the ingest half reads no clock).
-//! 6. On client cancel, [`abort`](Engine::abort); when the transport knows a producer can no
-//!    longer write (metadata invalidated, peer dead), [`fence`](Engine::fence) it, then
-//!    pull.
+//!    waits for a failure notice or a `gone` to settle is decided there. A failure notice
+//!    counts as received at the time of the last `advance` before it (each `advance`
+//!    publishes its time to the ingest half; the ingest half reads no clock), a `gone` at
+//!    the engine's clock.
+//! 6. On client cancel, [`abort`](Engine::abort).
+//! 7. When the transport loses a producer or its metadata becomes invalid (a failed send
+//!    or heartbeat, a reset connection, a dead process, an invalidated remote), report it
+//!    with [`gone`](Engine::gone), then pull: its outstanding named edges fail now, as if
+//!    it had sent a failure notice for each, and their blocks settle, because the bytes
+//!    already handed to its transport keep landing. Use [`fence`](Engine::fence), which
+//!    releases without settling, only when the transport can prove that nothing more of
+//!    that producer's can land.
 //!
 //! Pull after every event and the ledger behaves as if decisions left the moment they were
 //! taken. A caller that pulls later gets the same decisions in the same order, but a
@@ -121,7 +130,7 @@
 //! | thread | methods |
 //! | --- | --- |
 //! | ingest ([`Ingest`]) | [`handle_notification`](Ingest::handle_notification), [`counters`](Ingest::counters) |
-//! | engine ([`Engine`]) | [`register`](Engine::register), [`abort`](Engine::abort), [`abort_id`](Engine::abort_id), [`fence`](Engine::fence), [`advance`](Engine::advance), [`poll_decision`](Engine::poll_decision), [`decisions`](Engine::decisions), and the getters |
+//! | engine ([`Engine`]) | [`register`](Engine::register), [`abort`](Engine::abort), [`abort_id`](Engine::abort_id), [`gone`](Engine::gone), [`fence`](Engine::fence), [`advance`](Engine::advance), [`poll_decision`](Engine::poll_decision), [`decisions`](Engine::decisions), and the getters |
 //! | either, not split ([`Ledger`]) | all of the above, one at a time (`&mut self`) |
 //!
 //! **One ingest thread per ledger.** `Ingest` is neither `Clone` nor `Copy` and `split`
@@ -140,7 +149,7 @@
 //! | --- | --- | --- | --- |
 //! | slot state word (`state_word.rs`) | both, by CAS (a plain `Release` store when one thread holds `&mut Ledger`) | outstanding count, failed and settle flags, phase, generation | `AcqRel` CAS; `Release` publish/free by the owner; `Acquire` loads |
 //! | shared clock (`shared.rs`) | owner, at each `advance` | the low 32 bits of the engine's time, for stamping failure notices | `Relaxed` store and load: a stale read stamps a notice with an earlier advance's time, which is the time the engine believed it was |
-//! | failure stamp (`slot.rs`) | ingest, before the CAS that resolves an edge by a failure notice | when the last failure notice came | `Relaxed` store sequenced before the `AcqRel` CAS that sets the state word's settle bit; the owner reads it after seeing that bit (`Acquire`) |
+//! | failure stamp (`slot.rs`) | ingest, before the CAS that resolves an edge by a failure notice | when the last failure notice came | `Relaxed` store sequenced before the `AcqRel` CAS that sets the state word's settle bit; the owner reads it after seeing that bit (`Acquire`); a `gone`'s time is no atomic: the engine keeps it in its own record of the request |
 //! | slot identity (fingerprint, edge count) | owner, while the slot is free | which request the slot holds | `Relaxed` stores after a `Release` fence; readers validate with an `Acquire` fence and a second state load (seqlock) |
 //! | edge words (`slot.rs`) | owner at registration; both by CAS (a plain store with `&mut Ledger`) | per-agent resolution, tagged with the generation | `AcqRel` CAS, `Acquire` loads |
 //! | index buckets (`index.rs`) | owner | id → slot | `Release` stores, `Acquire` loads |
@@ -156,7 +165,7 @@
 //! seen from two threads.
 //!
 //! The decision point of a request is the single CAS that makes its outstanding count 0
-//! (a notice, or a fence) or that moves it out of `Counting` (abort, deadline): whichever
+//! (a notice, a `gone` or a fence) or that moves it out of `Counting` (abort, deadline): whichever
 //! wins, the other sees the result and stands down, so each request gets exactly one
 //! decision. A slot is reused only after its generation changed, and every CAS names the
 //! generation it read, so a notice for a finished request can never count for the next one

@@ -25,6 +25,13 @@ pub(crate) struct Request {
     /// Decided, every edge resolved, waiting for its failure notices to settle: the timer
     /// fires at the settle end (or the quarantine end, if earlier) and releases.
     pub(crate) settling: bool,
+    /// A [`gone`](crate::Engine::gone) resolved one of the edges: the blocks settle from
+    /// `gone_at` as from a failure notice (rule 8).
+    pub(crate) gone: bool,
+    /// The low 32 bits of the clock at the last `gone` that resolved one of the edges
+    /// (read like a failure stamp, `Engine::stamped_at`); meaningful only with `gone`.
+    /// The engine's own copy: the slot's failure stamp has one writer, the ingest thread.
+    pub(crate) gone_at: u32,
     /// What was owed when the deadline passed, for the `Expired` decision built at
     /// hand-out: the count in counting mode, the mask of unresolved agents in named-edge
     /// mode (see [`Outstanding`](crate::Outstanding)).
@@ -40,6 +47,8 @@ pub(crate) const VACANT: Request = Request {
     fp: Fingerprint { lo: 0, hi: 0 },
     live: false,
     settling: false,
+    gone: false,
+    gone_at: 0,
     owed_at_expiry: 0,
 };
 

@@ -20,6 +20,9 @@
 //!   failure notice (not by a fence): the request's blocks must settle before release
 //!   (rule 8). The time of the notice is in the slot's failure stamp (`slot.rs`), stored
 //!   before the CAS that sets `S`, so whoever sees `S` sees the stamp.
+//! * An edge that `gone` resolved settles too, but sets only `F` here: the engine thread
+//!   resolves it and keeps its time in its own record of the request (`owner.rs`), so the
+//!   failure stamp keeps its one writer, the ingest thread.
 //! * `PHASE` is `Free` only while the slot holds no request; it goes
 //!   `Free → Counting → (Aborted | Expired)?` and back to `Free` only through the owner.
 //! * `GENERATION` changes exactly when the slot is freed, so a notice that looked a slot up
@@ -124,6 +127,9 @@ pub(crate) enum Resolution {
     FailureNotice,
     /// A fence: failed, and the transport knows nothing more can land.
     Fenced,
+    /// A `gone`: failed, and the write may still drain (rule 8, from the `gone`); the
+    /// engine keeps its time, so only `F` is set here.
+    Gone,
 }
 
 impl Resolution {
@@ -133,7 +139,7 @@ impl Resolution {
         match self {
             Resolution::Landed => Flags::empty(),
             Resolution::FailureNotice => Flags::FAILED.union(Flags::SETTLE),
-            Resolution::Fenced => Flags::FAILED,
+            Resolution::Fenced | Resolution::Gone => Flags::FAILED,
         }
     }
 }
@@ -421,6 +427,24 @@ mod tests {
         let s = w.load(Ordering::Relaxed);
         assert!(s.failed() && !s.settles());
         assert_eq!(s.generation(), GEN_MASK);
+    }
+
+    #[test]
+    fn a_gone_fails_and_leaves_the_settle_bit_to_failure_notices() {
+        let w = StateWord::new();
+        w.publish(7, 2);
+        assert_eq!(w.resolve_edge(7, Resolution::Gone), Resolved::Counted);
+        let s = w.load(Ordering::Relaxed);
+        // `S` stays clear: the engine keeps the `gone`'s time in its own record.
+        assert_eq!(s.flags(), Flags::FAILED);
+        assert_eq!(
+            w.resolve_edge(7, Resolution::FailureNotice),
+            Resolved::LastEdge
+        );
+        assert_eq!(
+            w.load(Ordering::Relaxed).flags(),
+            Flags::FAILED | Flags::SETTLE
+        );
     }
 
     #[test]

@@ -91,6 +91,11 @@ fn fence(l: &mut L, agent: AgentId) -> Vec<&'static str> {
     words(queued(l))
 }
 
+fn gone(l: &mut L, agent: AgentId) -> Vec<&'static str> {
+    l.gone(agent);
+    words(queued(l))
+}
+
 fn ignored(l: &mut L, agent: AgentId, bytes: &[u8]) -> IgnoreReason {
     l.handle_notification(agent, bytes)
         .expect_err("ignored")
@@ -197,6 +202,33 @@ fn counting_fence_does_not_touch_counting_mode() {
     assert_eq!(l.fence(P0), 0);
     assert_eq!(l.queued_decisions(), 0, "no decision");
     assert_eq!(notice(&mut l, P0, b"r:1"), Noticed::Decided);
+}
+
+#[test]
+fn counting_gone_of_named_agent_fails_its_edge_and_waits_for_the_rest() {
+    // Rule 3 and 9: a `gone` is a failure notice for each of the agent's edges.
+    let mut l = ledger(4);
+    let _t = named(&mut l, "r");
+    assert_eq!(l.gone(P1), 1);
+    assert_eq!(l.queued_decisions(), 0, "the sibling is still writing");
+    assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Decided);
+    assert_eq!(poll(&mut l), ["failed", "released"]);
+    assert_eq!(l.engine_counters().gone_edges, 1);
+    assert_eq!(l.engine_counters().fenced_edges, 0);
+}
+
+#[test]
+fn counting_gone_does_not_touch_counting_mode_or_later_requests() {
+    let mut l = ledger(4);
+    let _t = counting(&mut l, "r", 1);
+    assert_eq!(l.gone(P0), 0);
+    assert_eq!(l.queued_decisions(), 0, "no decision");
+    let _s = named(&mut l, "s");
+    assert_eq!(notice(&mut l, P0, b"r:1"), Noticed::Decided);
+    assert_eq!(notice(&mut l, P1, b"s:2"), Noticed::Counted);
+    assert_eq!(notice(&mut l, P0, b"s:2"), Noticed::Decided);
+    assert_eq!(poll(&mut l), ["completed", "completed"]);
+    assert_eq!(l.engine_counters().gone_edges, 0);
 }
 
 #[test]
@@ -365,6 +397,114 @@ fn settling_never_delays_the_forced_release_of_a_quarantine() {
     let _ = notice(&mut l, P0, b"PUSH_FAIL:r:2");
     let _ = l.abort(t);
     assert_eq!(at(&mut l, 1000), ["released!"]);
+}
+
+#[test]
+fn settling_a_gone_settles_from_the_gone() {
+    // Rule 8 and 9: decided at once, released settle_ms after the `gone` (20 + 50).
+    let mut l = settling_ledger(4, 50);
+    let _t = named(&mut l, "r");
+    let _ = notice(&mut l, P0, b"r:2");
+    assert!(at(&mut l, 20).is_empty());
+    assert_eq!(gone(&mut l, P1), ["failed"]);
+    assert_eq!(l.next_timer(), Some(70));
+    assert!(at(&mut l, 69).is_empty());
+    assert_eq!(at(&mut l, 70), ["released"]);
+    let c = l.engine_counters();
+    assert_eq!(
+        (c.gone_edges, c.settle_started, c.settle_released),
+        (1, 1, 1)
+    );
+}
+
+#[test]
+fn settling_a_gone_before_the_sibling_lands_settles_from_the_gone() {
+    // The decision waits for the sibling (rule 3); the settle end is the gone's (10 + 50).
+    let mut l = settling_ledger(4, 50);
+    let _t = named(&mut l, "r");
+    assert!(at(&mut l, 10).is_empty());
+    assert!(gone(&mut l, P1).is_empty());
+    assert!(at(&mut l, 30).is_empty());
+    assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Decided);
+    assert_eq!(poll(&mut l), ["failed"]);
+    assert!(at(&mut l, 59).is_empty());
+    assert_eq!(at(&mut l, 60), ["released"]);
+}
+
+#[test]
+fn settling_the_later_of_a_failure_notice_and_a_gone_counts() {
+    for (notice_first, release_at) in [(true, 70), (false, 80)] {
+        let mut l = settling_ledger(4, 50);
+        let _t = named(&mut l, "r");
+        if notice_first {
+            let _ = notice(&mut l, P0, b"PUSH_FAIL:r:2");
+            assert!(at(&mut l, 20).is_empty());
+            assert_eq!(gone(&mut l, P1), ["failed"]);
+        } else {
+            assert!(at(&mut l, 20).is_empty());
+            assert!(gone(&mut l, P1).is_empty());
+            assert!(at(&mut l, 30).is_empty());
+            assert_eq!(notice(&mut l, P0, b"PUSH_FAIL:r:2"), Noticed::Decided);
+            assert_eq!(poll(&mut l), ["failed"]);
+        }
+        assert!(at(&mut l, release_at - 1).is_empty(), "{notice_first}");
+        assert_eq!(at(&mut l, release_at), ["released"], "{notice_first}");
+    }
+}
+
+#[test]
+fn settling_a_gone_leaves_a_settling_request_as_it_is() {
+    // Every edge is resolved already: nothing to resolve, the settle end does not move.
+    let (mut l, _) = settled_after(0, 0);
+    assert_eq!(l.gone(P0), 0);
+    assert_eq!(l.gone(P1), 0);
+    assert!(at(&mut l, 40).is_empty());
+    assert_eq!(at(&mut l, 50), ["released"]);
+    assert_eq!(l.engine_counters().gone_edges, 0);
+}
+
+#[test]
+fn settling_a_gone_after_completion_changes_nothing() {
+    let mut l = settling_ledger(4, 50);
+    let _t = named(&mut l, "r");
+    let _ = notice(&mut l, P0, b"r:2");
+    let _ = notice(&mut l, P1, b"r:2");
+    assert_eq!(poll(&mut l), ["completed"]);
+    assert_eq!(l.gone(P1), 0);
+    assert_eq!(l.queued_decisions(), 0);
+}
+
+#[test]
+fn settling_a_fence_after_a_gone_still_settles_the_gone() {
+    // A fence is certain for its own agent; it cannot undo what the `gone` left landing.
+    let mut l = settling_ledger(4, 50);
+    let _t = named(&mut l, "r");
+    assert!(at(&mut l, 10).is_empty());
+    assert!(gone(&mut l, P0).is_empty());
+    assert!(at(&mut l, 20).is_empty());
+    assert_eq!(fence(&mut l, P1), ["failed"]);
+    assert!(at(&mut l, 59).is_empty());
+    assert_eq!(at(&mut l, 60), ["released"]);
+}
+
+#[test]
+fn settling_a_gone_across_the_32_bit_clock_wrap() {
+    let wrap = 1u64 << 32;
+    let mut l = settling_ledger(4, 50);
+    assert!(at(&mut l, wrap - 10).is_empty());
+    let r = Registration {
+        id: "r",
+        blocks: BlockHandle(7),
+        expect: Expect::Edges(&[P0, P1]),
+        deadline_ms: Some(1000),
+    };
+    let _t = l.register(r).expect("registered");
+    assert!(gone(&mut l, P1).is_empty());
+    assert!(at(&mut l, wrap + 5).is_empty());
+    assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Decided);
+    assert_eq!(poll(&mut l), ["failed"]);
+    assert_eq!(l.next_timer(), Some(wrap + 40));
+    assert_eq!(at(&mut l, wrap + 40), ["released"]);
 }
 
 #[test]
@@ -570,6 +710,56 @@ fn aborted_fence_resolving_last_named_edge_releases() {
     let _ = notice(&mut l, P0, b"r:2");
     let _ = l.abort(t);
     assert_eq!(fence(&mut l, P1), ["released"]);
+}
+
+#[test]
+fn aborted_gone_resolving_last_named_edge_releases_after_settling() {
+    let mut l = settling_ledger(4, 50);
+    let t = named(&mut l, "r");
+    let _ = notice(&mut l, P0, b"r:2");
+    let _ = l.abort(t);
+    assert!(at(&mut l, 10).is_empty());
+    assert!(
+        gone(&mut l, P1).is_empty(),
+        "aborted: no failed, no release yet"
+    );
+    assert!(at(&mut l, 59).is_empty());
+    assert_eq!(at(&mut l, 60), ["released"]);
+}
+
+#[test]
+fn aborted_gone_with_settle_zero_releases_at_once() {
+    let mut l = ledger(4);
+    let t = named(&mut l, "r");
+    let _ = notice(&mut l, P0, b"r:2");
+    let _ = l.abort(t);
+    assert_eq!(gone(&mut l, P1), ["released"]);
+}
+
+#[test]
+fn expired_gone_settling_past_the_quarantine_end_is_forced_there() {
+    // Deadline 100, quarantine end 1100; a gone at 1090 settles until 1140: forced at 1100.
+    let mut l = settling_ledger(4, 50);
+    let _t = named(&mut l, "r");
+    let _ = notice(&mut l, P0, b"r:2");
+    assert_eq!(at(&mut l, 100), ["expired"]);
+    assert!(at(&mut l, 1090).is_empty());
+    assert!(gone(&mut l, P1).is_empty());
+    assert!(at(&mut l, 1099).is_empty());
+    assert_eq!(at(&mut l, 1100), ["released!"]);
+    assert!(l.is_empty());
+}
+
+#[test]
+fn expired_gone_then_late_notice_is_duplicate() {
+    let mut l = settling_ledger(4, 50);
+    let _t = named(&mut l, "r");
+    assert_eq!(at(&mut l, 100), ["expired"]);
+    assert!(gone(&mut l, P1).is_empty());
+    assert_eq!(ignored(&mut l, P1, b"r:2"), IgnoreReason::Duplicate);
+    assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Decided);
+    assert!(poll(&mut l).is_empty(), "settling from the gone at 100");
+    assert_eq!(at(&mut l, 150), ["released"]);
 }
 
 #[test]

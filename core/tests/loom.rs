@@ -25,12 +25,16 @@
 //!   notice could have been stamped with (the engine raises a flag after each `advance`,
 //!   which the ingest thread reads before its notice), that a fence deciding after a
 //!   failure notice still sees its stamp, and that a quarantine end is never delayed.
+//! * **a `gone` settles too** (rule 9) — the gone models report an agent gone at a clock
+//!   past 0 while the sibling's notice, the deadline or an abort races it, and the judge
+//!   checks every unforced release against the `gone`'s time plus `settle_ms`.
 //!
 //! Each model also returns a label of what happened (the engine's log, `|` where it joined
 //! the ingest thread, what each notice returned), and [`check`] requires the set of labels
 //! over all executions to be exactly the expected one: every outcome the race allows is
-//! reached, and no other. Two models run deliberately broken ingest paths
-//! (`core/src/broken.rs`) and must fail.
+//! reached, and no other. Three models run deliberately broken paths and must fail: two
+//! ingest paths of `core/src/broken.rs`, and a judge that reports a gone agent with
+//! `fence`.
 //!
 //! loom 0.7 has no scoped threads and `Ledger::split` hands out borrowing halves, so
 //! [`with_halves`] boxes one ledger per execution, lends its halves as `'static` and frees
@@ -244,6 +248,12 @@ struct Judge {
     requests: BTreeMap<u64, (&'static str, Vec<u16>)>,
     /// Agents fenced by the current `fence` call: their writes can no longer land.
     fenced: Vec<u16>,
+    /// Agents a `gone` resolved edges of, with when that `gone` has settled (rule 8):
+    /// their writes may still land until then, so no unforced release comes earlier.
+    gone: Vec<(u16, u64)>,
+    /// Broken on purpose: report a gone agent with `fence` (no settling), which the
+    /// judge must catch.
+    gone_as_fence: bool,
     tally: BTreeMap<u64, Tally>,
     log: Vec<String>,
     /// The engine's clock (the last `advance`).
@@ -256,6 +266,8 @@ impl Judge {
             writes: writes.clone(),
             requests: BTreeMap::new(),
             fenced: Vec::new(),
+            gone: Vec::new(),
+            gone_as_fence: false,
             tally: BTreeMap::new(),
             log: Vec::new(),
             now: 0,
@@ -295,10 +307,12 @@ impl Judge {
         self.tally.get_mut(&key).expect("registered")
     }
 
-    /// Every write of request `key` has landed, except those of fenced agents.
+    /// Every write of request `key` has landed, except those of fenced or gone agents
+    /// (`fenced_ok`; a gone agent's release is checked against its settle end instead).
     fn assert_drained(&self, key: u64, what: &str, fenced_ok: bool) {
         for &agent in &self.requests[&key].1 {
-            if fenced_ok && self.fenced.contains(&agent) {
+            let gone = self.gone.iter().any(|&(a, _)| a == agent);
+            if fenced_ok && (self.fenced.contains(&agent) || gone) {
                 continue;
             }
             assert!(
@@ -327,10 +341,16 @@ impl Judge {
                 t.quarantined_with = Some(q.outstanding());
             }
             Decision::Released(r) => {
+                let now = self.now;
                 if !r.forced() {
                     self.assert_drained(key, "released the blocks of", true);
+                    for &(agent, settled) in &self.gone {
+                        assert!(
+                            now >= settled,
+                            "released request {key} at {now}, before the gone of agent {agent} settled at {settled}"
+                        );
+                    }
                 }
-                let now = self.now;
                 let t = self.note(key, if r.forced() { "forced" } else { "released" });
                 t.released_at = Some(now);
                 t.released += 1;
@@ -408,6 +428,29 @@ impl Judge {
             // Its notice resolved the edge first: the write counts as landed again.
             self.fenced.retain(|&a| a != agent);
         }
+        resolved
+    }
+
+    /// Reports `agent` gone at the judge's clock; returns the number of edges it resolved.
+    /// Those settle for `settle_ms` from now, which every later unforced release is
+    /// checked against.
+    fn gone<const N: usize, const E: usize>(
+        &mut self,
+        engine: &mut Engine<'_, N, E>,
+        agent: u16,
+        settle_ms: u64,
+    ) -> u32 {
+        self.log.push(format!("gone(p{agent})"));
+        let resolved = if self.gone_as_fence {
+            engine.fence(AgentId(agent))
+        } else {
+            engine.gone(AgentId(agent))
+        };
+        if resolved > 0 {
+            self.gone.push((agent, self.now + settle_ms));
+        }
+        self.queued(engine);
+        self.log.push(format!("={resolved}"));
         resolved
     }
 
@@ -611,6 +654,8 @@ enum Variant {
     BrokenF1,
     /// `handle_notification_broken_aba` for completions.
     BrokenAba,
+    /// `fence` where the model reports an agent gone.
+    BrokenGoneAsFence,
 }
 
 /// A failure notice and the sibling's completion arrive (in either order) while the engine
@@ -1325,4 +1370,261 @@ const FAILURE_NOTICE_VS_SETTLE_ADVANCE_ABORTED: &[&str] = &[
     "r1:aborted r1:released | :: Decided after 10 released at 50",
     "r1:aborted | r1:released :: Decided after 0 released at 50",
     "r1:aborted | r1:released :: Decided after 10 released at 50",
+];
+
+/// The time of the `gone` in the gone models: the clock is advanced there first, so a
+/// release measured from 0 instead of from the `gone` would be caught.
+const GONE_AT: u64 = 10;
+
+/// `gone(p1)` (engine) races the sibling p0's notice (ingest): a completion whose write
+/// lands first, or a failure notice. Both resolve an edge, exactly one of them the last;
+/// the request fails once and its blocks are released unforced no earlier than the
+/// `gone` plus `settle_ms` (the judge checks it) nor, for a failure notice, than the
+/// clock the ingest thread saw before its notice plus `settle_ms`.
+fn gone_vs_sibling_notice(sibling_fails: bool, variant: Variant) -> String {
+    let writes = Writes::new();
+    let w = writes.clone();
+    let advanced = Arc::new(loom::sync::atomic::AtomicU32::new(0));
+    let seen = advanced.clone();
+    with_halves::<2, 2, _>(settling_config(2, SETTLE), move |mut ingest, mut engine| {
+        let mut judge = Judge::new(&writes);
+        judge.gone_as_fence = variant == Variant::BrokenGoneAsFence;
+        let writers: &[u16] = if sibling_fails { &[] } else { &[0] };
+        let _ticket = judge
+            .register(&mut engine, "r1", Mode::Named.expect(2), None, writers)
+            .expect("room");
+        judge.advance(&mut engine, GONE_AT);
+        advanced.store(GONE_AT as u32, Ordering::Release);
+        let producer = thread::spawn(move || {
+            let after = seen.load(Ordering::Acquire);
+            let r = if sibling_fails {
+                notify(&mut ingest, 0, b"PUSH_FAIL:r1:2")
+            } else {
+                w.land(0);
+                notify(&mut ingest, 0, b"r1:2")
+            };
+            (u64::from(after), r, *ingest.counters())
+        });
+        let gone = judge.gone(&mut engine, 1, SETTLE);
+        judge.poll(&mut engine);
+        judge.advance(&mut engine, GONE_AT + SETTLE);
+        advanced.store((GONE_AT + SETTLE) as u32, Ordering::Release);
+        judge.poll(&mut engine);
+        let (after, notice, counters) = producer.join().expect("ingest thread");
+        judge.joined();
+        let (t, log) = judge.finish(&mut engine);
+        let t = t[0];
+        assert_eq!(gone, 1, "the gone always resolves p1's edge");
+        assert!(
+            notice.is_ok(),
+            "the sibling's notice always counts: {notice:?}"
+        );
+        assert_ingest_counters(&counters, &[notice]);
+        assert_eq!((t.failed, t.released, t.forced), (1, 1, 0), "{t:?}");
+        let released_at = t.released_at.expect("released");
+        if sibling_fails {
+            assert!(
+                released_at >= after + SETTLE,
+                "released at {released_at}, before the notice after {after} settled"
+            );
+        }
+        format!(
+            "{log} :: {} after {after} released at {released_at}",
+            show(&[notice])
+        )
+    })
+}
+
+#[test]
+fn gone_vs_sibling_completion() {
+    check(
+        "gone_vs_sibling_completion",
+        GONE_VS_SIBLING_COMPLETION,
+        || gone_vs_sibling_notice(false, Variant::Correct),
+    );
+}
+
+/// The checker can fail (rule 9): a driver that fences a peer it only saw gone gets the
+/// blocks back at once, while the bytes the peer had handed to its transport may still
+/// land, and the model catches it.
+#[test]
+#[should_panic(expected = "before the gone of agent 1 settled")]
+fn broken_gone_reported_as_fence_is_caught() {
+    check(
+        "broken_gone_as_fence (must fail)",
+        GONE_VS_SIBLING_COMPLETION,
+        || gone_vs_sibling_notice(false, Variant::BrokenGoneAsFence),
+    );
+}
+
+#[test]
+fn gone_vs_sibling_failure_notice() {
+    check(
+        "gone_vs_sibling_failure_notice",
+        GONE_VS_SIBLING_FAILURE_NOTICE,
+        || gone_vs_sibling_notice(true, Variant::Correct),
+    );
+}
+
+/// p0's completion (ingest) resolves the last edge while the engine advances past the
+/// deadline; p1 was reported gone before. Either the notice wins (`failed`) or the
+/// deadline (`expired`, and the notice still resolves the last edge); either way the
+/// blocks are released unforced, no earlier than the `gone` plus `settle_ms`: the
+/// quarantine (from the deadline, 20 + 50) ends later.
+fn gone_then_last_edge_vs_deadline() -> String {
+    let writes = Writes::new();
+    let w = writes.clone();
+    with_halves::<2, 2, _>(settling_config(2, SETTLE), move |mut ingest, mut engine| {
+        let mut judge = Judge::new(&writes);
+        let deadline = GONE_AT + 10;
+        let _ticket = judge
+            .register(
+                &mut engine,
+                "r1",
+                Mode::Named.expect(2),
+                Some(deadline),
+                &[0],
+            )
+            .expect("room");
+        judge.advance(&mut engine, GONE_AT);
+        assert_eq!(judge.gone(&mut engine, 1, SETTLE), 1);
+        let producer = thread::spawn(move || {
+            w.land(0);
+            let r = notify(&mut ingest, 0, b"r1:2");
+            (r, *ingest.counters())
+        });
+        judge.advance(&mut engine, deadline);
+        judge.poll(&mut engine);
+        judge.advance(&mut engine, GONE_AT + SETTLE);
+        judge.poll(&mut engine);
+        let (notice, counters) = producer.join().expect("ingest thread");
+        judge.joined();
+        let (t, log) = judge.finish(&mut engine);
+        let t = t[0];
+        assert_eq!(notice, Ok(Noticed::Decided), "the last edge is never lost");
+        assert_ingest_counters(&counters, &[notice]);
+        assert_eq!(
+            (t.failed + t.expired, t.released, t.forced),
+            (1, 1, 0),
+            "{t:?}"
+        );
+        if t.expired == 1 {
+            // p1's edge was resolved by the gone: only p0's can be owed (or none seen
+            // owed: the notice in flight already claimed p0's edge word).
+            assert!(
+                matches!(t.quarantined_with, Some(Outstanding::Edges(0b01 | 0))),
+                "{t:?}"
+            );
+        }
+        format!(
+            "{log} :: {} released at {}",
+            show(&[notice]),
+            t.released_at.expect("released")
+        )
+    })
+}
+
+#[test]
+fn gone_then_last_edge_vs_deadline_advance() {
+    check(
+        "gone_then_last_edge_vs_deadline_advance",
+        GONE_THEN_LAST_EDGE_VS_DEADLINE,
+        gone_then_last_edge_vs_deadline,
+    );
+}
+
+/// p0's completion (ingest) resolves the last edge while the engine aborts the request;
+/// p1 was reported gone before. Either the abort wins (`aborted`; the notice still
+/// resolves the last edge) or the notice (the abort is `Late`, the request `failed`);
+/// either way the blocks are released unforced, no earlier than the `gone` plus
+/// `settle_ms` (the quarantine, 10 + 50, ends later).
+fn gone_then_last_edge_vs_abort() -> String {
+    let writes = Writes::new();
+    let w = writes.clone();
+    with_halves::<2, 2, _>(settling_config(2, SETTLE), move |mut ingest, mut engine| {
+        let mut judge = Judge::new(&writes);
+        let ticket = judge
+            .register(&mut engine, "r1", Mode::Named.expect(2), None, &[0])
+            .expect("room");
+        judge.advance(&mut engine, GONE_AT);
+        assert_eq!(judge.gone(&mut engine, 1, SETTLE), 1);
+        let producer = thread::spawn(move || {
+            w.land(0);
+            let r = notify(&mut ingest, 0, b"r1:2");
+            (r, *ingest.counters())
+        });
+        let aborted = judge.abort(&mut engine, ticket);
+        judge.poll(&mut engine);
+        judge.advance(&mut engine, GONE_AT + SETTLE);
+        judge.poll(&mut engine);
+        let (notice, counters) = producer.join().expect("ingest thread");
+        judge.joined();
+        let (t, log) = judge.finish(&mut engine);
+        let t = t[0];
+        assert_eq!(notice, Ok(Noticed::Decided), "the last edge is never lost");
+        assert_ingest_counters(&counters, &[notice]);
+        match aborted {
+            Ok(()) => assert_eq!((t.aborted, t.forced), (1, 0), "{t:?}"),
+            Err(e) => {
+                assert_eq!(e, AbortError::Late);
+                assert_eq!((t.failed, t.forced), (1, 0), "{t:?}");
+            }
+        }
+        format!(
+            "{log} :: {} released at {}",
+            show(&[notice]),
+            t.released_at.expect("released")
+        )
+    })
+}
+
+#[test]
+fn gone_then_last_edge_vs_abort_model() {
+    check(
+        "gone_then_last_edge_vs_abort",
+        GONE_THEN_LAST_EDGE_VS_ABORT,
+        gone_then_last_edge_vs_abort,
+    );
+}
+
+/// `after T`: the ingest thread saw `advance(T)` finished before its notice.
+const GONE_VS_SIBLING_COMPLETION: &[&str] = &[
+    // The notice resolved the last edge; the poll after the gone decided (settling until
+    // 10 + 20), or the poll after `advance(30)` or the final drain's (settled: at once).
+    "gone(p1) =1 r1:failed r1:released | :: Decided after 10 released at 30",
+    "gone(p1) =1 r1:failed r1:released | :: Decided after 30 released at 30",
+    "gone(p1) =1 | r1:failed r1:released :: Decided after 10 released at 30",
+    "gone(p1) =1 | r1:failed r1:released :: Decided after 30 released at 30",
+    // The notice counted between the gone's edge claim and its state-word update: the
+    // gone resolved the last edge and decided.
+    "gone(p1) r1:failed =1 r1:released | :: Counted after 10 released at 30",
+];
+
+/// As above; a failure notice stamped 30 (it read the clock after `advance(30)`)
+/// settles until 50, so its release waits for the final drain's advance.
+const GONE_VS_SIBLING_FAILURE_NOTICE: &[&str] = &[
+    "gone(p1) =1 r1:failed r1:released | :: Decided after 10 released at 30",
+    "gone(p1) =1 r1:failed | r1:released :: Decided after 10 released at 1000",
+    "gone(p1) =1 r1:failed | r1:released :: Decided after 30 released at 1000",
+    "gone(p1) =1 | r1:failed r1:released :: Decided after 10 released at 1000",
+    "gone(p1) =1 | r1:failed r1:released :: Decided after 10 released at 30",
+    "gone(p1) =1 | r1:failed r1:released :: Decided after 30 released at 1000",
+    "gone(p1) r1:failed =1 r1:released | :: Counted after 10 released at 30",
+];
+
+/// The deadline (20) or the notice first; released at 10 + 20 either way, before the
+/// quarantine end (20 + 50), never forced.
+const GONE_THEN_LAST_EDGE_VS_DEADLINE: &[&str] = &[
+    "gone(p1) =1 r1:expired r1:released | :: Decided released at 30",
+    "gone(p1) =1 r1:expired | r1:released :: Decided released at 30",
+    "gone(p1) =1 r1:failed r1:released | :: Decided released at 30",
+    "gone(p1) =1 | r1:failed r1:released :: Decided released at 30",
+];
+
+/// Whoever wins, the blocks come back at 10 + 20, never before, never forced.
+const GONE_THEN_LAST_EDGE_VS_ABORT: &[&str] = &[
+    "gone(p1) =1 r1:abort_late r1:failed r1:released | :: Decided released at 30",
+    "gone(p1) =1 r1:abort_late | r1:failed r1:released :: Decided released at 30",
+    "gone(p1) =1 r1:aborted r1:released | :: Decided released at 30",
+    "gone(p1) =1 r1:aborted | r1:released :: Decided released at 30",
 ];

@@ -2,7 +2,7 @@
 //! a notice skips the lookup's second read of the state word and resolves its edge with
 //! plain stores instead of a CAS. The shortcut must change nothing but the cost: the same
 //! random run of registrations, notices (completions, failure notices, duplicates,
-//! strangers, unknown ids, garbage), aborts, fences and clock steps, driven once through
+//! strangers, unknown ids, garbage), aborts, fences, gones and clock steps, driven once through
 //! `Ledger`'s methods and once through `split`'s halves on the same thread, gives the same
 //! outcome for every call and the same counters.
 #![cfg(not(kvdrain_loom))]
@@ -48,6 +48,7 @@ enum Step {
     },
     Abort(String),
     Fence(AgentId),
+    Gone(AgentId),
     Advance(u64),
 }
 
@@ -75,7 +76,8 @@ fn steps(seed: u64, len: usize) -> Vec<Step> {
                 Step::Notice { agent, bytes }
             }
             80..=86 => Step::Abort(id(&mut rng)),
-            87..=89 => Step::Fence(AgentId(rng.next(4) as u16)),
+            87..=88 => Step::Fence(AgentId(rng.next(4) as u16)),
+            89..=90 => Step::Gone(AgentId(rng.next(4) as u16)),
             _ => {
                 now += rng.next(30);
                 Step::Advance(now)
@@ -117,6 +119,7 @@ macro_rules! run {
                 }
                 Step::Abort(id) => $log.push(format!("abort {:?}", $engine.abort_id(id))),
                 Step::Fence(agent) => $log.push(format!("fence {}", $engine.fence(*agent))),
+                Step::Gone(agent) => $log.push(format!("gone {}", $engine.gone(*agent))),
                 Step::Advance(now) => $log.push(format!("advance {:?}", $engine.advance(*now))),
             }
             for d in $engine.decisions() {
@@ -150,6 +153,7 @@ fn through_halves(steps: &[Step]) -> Vec<String> {
 #[test]
 fn the_one_thread_shortcut_changes_no_outcome() {
     let runs = if cfg!(miri) { 3 } else { 300 };
+    let mut gone_resolved = false;
     for seed in 0..runs {
         let steps = steps(0x9E37_79B9_7F4A_7C15 ^ seed, 400);
         let (alone, split) = (through_ledger(&steps), through_halves(&steps));
@@ -165,6 +169,9 @@ fn the_one_thread_shortcut_changes_no_outcome() {
                 split.get(at)
             );
         }
+        gone_resolved |= alone
+            .iter()
+            .any(|line| line == "gone 1" || line == "gone 2");
         // The run exercises what it claims to: decisions of every kind and ignored notices.
         if seed == 0 {
             for what in [
@@ -182,4 +189,5 @@ fn the_one_thread_shortcut_changes_no_outcome() {
             }
         }
     }
+    assert!(gone_resolved, "no `gone` resolved an edge in any run");
 }

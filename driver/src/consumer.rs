@@ -1,11 +1,11 @@
 //! The consumer (D) driver of one decode rank: the agent directory, registration from a
-//! topology, the heartbeat schedule, unreached producers, fences, and decisions out.
+//! topology, the heartbeat schedule, unreached and lost producers, and decisions out.
 //!
 //! ```text
 //!  register ──▶ core register ──▶ PUSH_REG to every producer agent ──▶ WAITING
 //!     (unreached agents reported: F6)                                   │ HB: every lease/6
 //!   notices (drained, sender → AgentId) ─▶ core ─▶ Decode | Failed | Expired | Release
-//!   send fails with PeerGone / transport reports a peer gone ─▶ fence that agent
+//!   send fails with PeerGone / transport reports a peer gone ─▶ core gone (settles)
 //!   heartbeats stop at the request's decision or abort (F9)
 //! ```
 //!
@@ -19,9 +19,15 @@
 //!   out, so no completion can beat its state.
 //! * **Heartbeats** carry P's request ids (`remote_request_id`), grouped per producer
 //!   engine, every `lease_ms / 6`, from registration until the decision (F9).
-//! * **Fences**: an agent the transport reports gone, or whose send failed with
-//!   [`SendError::PeerGone`], is fenced in the core at the next poll, so its outstanding
-//!   edges resolve as failed.
+//! * **Lost producers** (rule 9 of the replay contract): an agent the transport reports
+//!   gone, or whose send failed with [`SendError::PeerGone`], is reported to the core with
+//!   [`gone`](kvdrain::Engine::gone) at once: its outstanding edges fail now, as if it had
+//!   sent a failure notice for each, and their blocks settle for `settle_ms`, because the
+//!   bytes it had already handed to its transport keep landing (measured over UCX TCP: up
+//!   to 173 ms after a reset). A registration that cannot reach an agent known gone fails
+//!   that edge the same way. [`fence_producer`](ConsumerEngine::fence_producer), which
+//!   releases without settling, is only for a transport that can prove nothing more of
+//!   the producer's can land.
 //!
 //! Drive it with [`ConsumerDriver::poll`] (transport and monotonic time in), then take
 //! [`ConsumerDriver::poll_event`] until `None`; [`ConsumerDriver::next_wakeup_ms`] says
@@ -245,9 +251,15 @@ pub struct ConsumerCounters {
     pub heartbeats_sent: u64,
     /// `HB:` sends that failed.
     pub heartbeats_failed: u64,
-    /// Producers found disconnected (and fenced).
+    /// Producers found disconnected (a failed send, the transport's report), each
+    /// reported gone to the core.
     pub disconnects: u64,
-    /// Producers fenced (disconnects and explicit fences).
+    /// Producers reported gone to the core (disconnects, registrations that could not
+    /// reach an agent known gone, and [`ConsumerEngine::gone_producer`]).
+    pub gones: u64,
+    /// Named edges those reports resolved (they settle).
+    pub gone_edges: u64,
+    /// Producers fenced ([`ConsumerEngine::fence_producer`]: nothing more can land).
     pub fences: u64,
     /// Named edges those fences resolved.
     pub fenced_edges: u64,
@@ -271,12 +283,9 @@ struct EngineState {
     engines: HashMap<String, Arc<ProducerEngine>>,
     inflight: HashMap<RequestKey, InFlight>,
     by_id: HashMap<String, RequestKey>,
+    /// Producers found gone (or fenced): nothing is sent to them until their engine is
+    /// added again.
     disconnected: HashSet<String>,
-    /// Producers found gone, with the time their fence is due: a dead peer's bytes already
-    /// in flight (socket buffers) can still land for a while after its death is seen, so a
-    /// disconnect is fenced `settle_ms` later, like a failure notice (measured over UCX
-    /// TCP: up to 173 ms after the disconnect, `kvdrain experiment late-writes`).
-    to_fence: Vec<(String, u64)>,
     last_heartbeat_ms: u64,
     now: u64,
     counters: ConsumerCounters,
@@ -353,7 +362,6 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
                 inflight: HashMap::with_capacity(N),
                 by_id: HashMap::with_capacity(N),
                 disconnected: HashSet::new(),
-                to_fence: Vec::new(),
                 last_heartbeat_ms: 0,
                 now: 0,
                 counters: ConsumerCounters::default(),
@@ -453,6 +461,11 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         self.engine().abort(id)
     }
 
+    /// [`ConsumerEngine::gone_producer`] on one thread.
+    pub fn gone_producer(&mut self, name: &str) -> u32 {
+        self.engine().gone_producer(name)
+    }
+
     /// [`ConsumerEngine::fence_producer`] on one thread.
     pub fn fence_producer(&mut self, name: &str) -> u32 {
         self.engine().fence_producer(name)
@@ -533,18 +546,17 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     }
 
     /// The earliest monotonic time at which [`poll`](Self::poll) has work that no new
-    /// input brings: a disconnected producer's fence falls due, a heartbeat round is due
-    /// (while any request is tracked), or a core deadline, quarantine or settling ends.
+    /// input brings: a heartbeat round is due (while any request is tracked), or a core
+    /// deadline, quarantine or settling ends (a lost producer's edges settle in the core).
     /// `None` when only new input can change anything. An engine loop (or a simulator)
     /// may sleep until then or the next notification, whichever comes first.
     pub fn next_wakeup_ms(&self) -> Option<u64> {
         let st = &self.state;
-        let fence = st.to_fence.iter().map(|&(_, at)| at).min();
         let heartbeat = (!st.inflight.is_empty()).then(|| {
             st.last_heartbeat_ms
                 .saturating_add(self.heartbeat_interval_ms())
         });
-        [fence, heartbeat, self.ledger.next_timer()]
+        [heartbeat, self.ledger.next_timer()]
             .into_iter()
             .flatten()
             .min()
@@ -700,7 +712,9 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
             },
         );
         let mut unreached = Vec::new();
+        let mut known_gone = Vec::new();
         for agent in &engine.agents {
+            let was_gone = self.state.disconnected.contains(agent);
             if self.send(transport, agent, &registration) {
                 self.state.counters.registrations_sent += 1;
             } else {
@@ -712,7 +726,15 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
                 );
                 self.state.counters.registrations_failed += 1;
                 unreached.push(agent.clone());
+                if was_gone {
+                    known_gone.push(agent);
+                }
             }
+        }
+        // An agent already known gone was not asked to write: its edge of this request
+        // fails now, as for a gone (a send that failed just now reported it already).
+        for agent in known_gone {
+            self.gone_producer(agent);
         }
         tracing::debug!(unreached = unreached.len(), "registered, PUSH_REG sent");
         Ok(Registered { key, unreached })
@@ -739,8 +761,36 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         result
     }
 
-    /// Producer agent `name` can no longer write here (dead, or known gone by the control
-    /// plane): fence it in the core now. Returns the edges resolved.
+    /// Producer agent `name` went away (the control plane saw it die, its connection
+    /// reset, or its metadata invalidated), but nothing proves that the bytes it had
+    /// already handed to its transport cannot still land: report it to the core with
+    /// [`gone`](kvdrain::Engine::gone) now. Its outstanding named edges fail at once, as
+    /// by a failure notice, and their blocks settle for `settle_ms` (a counting-mode
+    /// request still waits for its count or its deadline). Nothing more is sent to it
+    /// until its engine is added again. Returns the edges resolved. The driver calls this
+    /// itself for a failed send or a peer the transport reports gone.
+    pub fn gone_producer(&mut self, name: &str) -> u32 {
+        self.state.disconnected.insert(name.to_owned());
+        let Some(id) = self.directory.get(name) else {
+            return 0;
+        };
+        tracing::warn!(agent = name, cause = "gone", "producer gone");
+        self.state.counters.gones += 1;
+        // The core's clock to the driver's first: the edges settle from the moment the
+        // peer was seen gone, not from the last advance before it.
+        self.advance(self.state.now);
+        let resolved = self.engine.gone(id);
+        self.state.counters.gone_edges += u64::from(resolved);
+        self.take_queued();
+        resolved
+    }
+
+    /// The transport proves that producer agent `name` can no longer write here: nothing
+    /// of it is in flight and none of it can still land. Fences it in the core now: its
+    /// outstanding named edges fail and release without settling. A peer merely seen
+    /// gone (a failed send, a reset connection, a dead process, invalidated metadata)
+    /// proves nothing of the kind: report it with [`gone_producer`](Self::gone_producer).
+    /// Returns the edges resolved.
     pub fn fence_producer(&mut self, name: &str) -> u32 {
         self.state.disconnected.insert(name.to_owned());
         let Some(id) = self.directory.get(name) else {
@@ -754,7 +804,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         resolved
     }
 
-    /// Takes the decisions the last core `fence` or `advance` queued, in order (those of
+    /// Takes the decisions the last core `gone`, `fence` or `advance` queued, in order (those of
     /// requests the ingest half drained stay for [`take_ready`](Self::take_ready)).
     fn take_queued(&mut self) {
         for _ in 0..self.engine.queued_decisions() {
@@ -781,35 +831,18 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         taken
     }
 
-    /// One engine round at monotonic time `now_ms`: peers gone and failed sends are fenced,
-    /// ready decisions taken, the clock advanced, heartbeats sent when due. Returns the
-    /// ready requests taken.
+    /// One engine round at monotonic time `now_ms`: peers the transport reports gone
+    /// reported to the core, ready decisions taken, the clock advanced, heartbeats sent
+    /// when due (a failed one reports its peer gone at once). Returns the ready requests
+    /// taken.
     pub fn poll<T: Transport>(&mut self, transport: &mut T, now_ms: u64) -> usize {
         self.state.now = self.state.now.max(now_ms);
         while let Some(gone) = transport.peer_gone() {
             if let GonePeer::Agent(name) = gone {
                 tracing::warn!(agent = %name, cause = "peer_gone", "producer disconnected");
                 self.state.counters.disconnects += 1;
-                self.state.to_fence.push((
-                    name,
-                    fence_due_ms(self.state.now, &self.state.config.ledger),
-                ));
+                self.gone_producer(&name);
             }
-        }
-        let now = self.state.now;
-        let due: Vec<String> = {
-            let pending = &mut self.state.to_fence;
-            let mut due = Vec::new();
-            pending.retain(|(name, at)| {
-                if *at <= now {
-                    due.push(name.clone());
-                }
-                *at > now
-            });
-            due
-        };
-        for name in due {
-            self.fence_producer(&name);
         }
         let taken = self.take_ready();
         self.advance(self.state.now);
@@ -880,8 +913,8 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         }
     }
 
-    /// Sends one notification; `false` if it could not be queued. A disconnected peer is
-    /// fenced at the next poll.
+    /// Sends one notification; `false` if it could not be queued. A peer whose send
+    /// fails with [`SendError::PeerGone`] is reported gone to the core at once.
     fn send<T: Transport>(&mut self, transport: &mut T, agent: &str, msg: &[u8]) -> bool {
         if self.state.disconnected.contains(agent) {
             return false;
@@ -891,22 +924,12 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
             Err(SendError::PeerGone) => {
                 tracing::warn!(agent, cause = "peer_gone", "producer disconnected");
                 self.state.counters.disconnects += 1;
-                self.state.disconnected.insert(agent.to_owned());
-                let due = fence_due_ms(self.state.now, &self.state.config.ledger);
-                self.state.to_fence.push((agent.to_owned(), due));
+                self.gone_producer(agent);
                 false
             }
             Err(SendError::Unreachable | SendError::Stale) => false,
         }
     }
-}
-
-/// When a producer found gone at `disconnected_ms` is fenced: `settle_ms` later, like a
-/// failure notice settles (its transport may still write bytes it had already received,
-/// measured over UCX TCP up to 173 ms after the disconnect: `kvdrain experiment
-/// late-writes`).
-pub fn fence_due_ms(disconnected_ms: u64, config: &kvdrain::Config) -> u64 {
-    disconnected_ms.saturating_add(config.settle_ms)
 }
 
 impl EngineState {

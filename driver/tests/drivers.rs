@@ -462,39 +462,74 @@ fn f6_unreached_producer_is_reported_and_its_edge_waits_for_the_deadline() {
 }
 
 #[test]
-fn a_producer_gone_mid_write_is_fenced() {
+fn a_producer_gone_mid_write_is_reported_gone() {
     let mut c = cluster(2, 30_000, &[]);
     c.fabric.set_write_polls(50);
     c.offer("r", None);
     c.register("r", "r", None);
     c.run(5);
     c.fabric.kill("p1");
-    // p1's edge resolves by the fence; the failure waits for p0's write to land.
+    // p1's edge resolves by the gone (or by the PUSH_FAIL its producer driver sent for
+    // the write the death failed, if that came first); the failure waits for p0's write.
     c.run_until(100, |c| c.d_events.len() >= 2);
     assert_eq!(c.d_kinds(), ["failed", "release"]);
-    assert_eq!(c.d.counters().fences, 1);
+    let counters = c.d.counters();
+    let core = c.d.core_counters();
+    assert_eq!(counters.gones, 1);
+    assert_eq!(counters.gone_edges, core.engine.gone_edges);
+    assert_eq!(core.engine.gone_edges + core.ingest.failure_notices, 1);
+    assert_eq!(counters.fences, 0, "a dead peer is not a fenced one");
 }
 
 /// A dead producer's bytes already in flight can still land after its death is seen
-/// (measured over UCX TCP), so its fence waits `settle_ms` like a failure notice.
+/// (measured over UCX TCP), so the driver reports it gone, not fenced: its edge fails at
+/// once, as by a failure notice, and the blocks come back only `settle_ms` later.
 #[test]
-fn a_dead_producer_is_fenced_only_after_settle_ms() {
+fn a_dead_producer_fails_its_edges_at_once_and_settles_for_settle_ms() {
     let mut c = cluster_settling(2, 30_000, &[], 40);
-    c.fabric.set_write_polls(50);
+    c.fabric.set_write_polls(1);
     c.offer("r", None);
     c.register("r", "r", None);
-    c.run(5);
     c.fabric.kill("p1");
     let killed_at = c.now;
-    c.run_until(100, |c| c.d.counters().fences == 1);
-    assert!(
-        c.now >= killed_at + 40,
-        "fenced at {} after a death at {killed_at}",
-        c.now
-    );
+    c.run_until(100, |c| c.d.counters().gones == 1);
+    let seen_at = c.now;
     assert_eq!(c.d.counters().disconnects, 1);
+    assert_eq!(c.d.core_counters().engine.gone_edges, 1);
+    c.run_until(100, |c| !c.d_events.is_empty());
+    assert_eq!(c.d_kinds(), ["failed"], "decided once p0 landed, not later");
     c.run_until(200, |c| c.d_events.len() >= 2);
     assert_eq!(c.d_kinds(), ["failed", "release"]);
+    assert!(
+        c.now >= seen_at + 40,
+        "released at {} after a death at {killed_at} seen at {seen_at}",
+        c.now
+    );
+    assert!(
+        c.now <= seen_at + 41,
+        "released at {}, not at the settle end {}",
+        c.now,
+        seen_at + 40
+    );
+}
+
+#[test]
+fn a_registration_that_cannot_reach_a_producer_known_gone_fails_that_edge() {
+    let mut c = cluster(2, 30_000, &[]);
+    c.offer("r", None);
+    c.register("r", "r", None);
+    c.run_until(100, |c| !c.d_events.is_empty());
+    assert_eq!(c.d_kinds(), ["decode"]);
+    c.fabric.kill("p1");
+    c.run_until(100, |c| c.d.counters().gones == 1);
+    // p1 is known gone: s's PUSH_REG does not go to it, and its edge fails at once
+    // instead of waiting for the deadline.
+    c.offer("s", None);
+    let reg = c.register("s", "s", None);
+    assert_eq!(reg.unreached, ["p1"]);
+    assert_eq!(c.d.counters().gones, 2);
+    c.run_until(100, |c| c.d_events.len() >= 3);
+    assert_eq!(c.d_kinds(), ["decode", "failed", "release"]);
 }
 
 #[test]

@@ -140,8 +140,20 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
         self.driver.abort(id)
     }
 
-    /// The control plane knows producer agent `name` can no longer write here: fence it in
-    /// the core now. Returns the edges resolved.
+    /// The control plane saw producer agent `name` go away (died, connection reset,
+    /// metadata invalidated): report it gone to the core now; its edges fail at once and
+    /// their blocks settle for `settle_ms`, since bytes it had already handed to UCX keep
+    /// landing. Returns the edges resolved.
+    pub fn gone_producer(&mut self, name: &str, release: &mut impl BlockRelease) -> u32 {
+        let resolved = self.driver.gone_producer(name);
+        self.deliver(release);
+        resolved
+    }
+
+    /// The transport proves that producer agent `name` can no longer write here (nothing
+    /// of it in flight, none of it can land): fence it in the core now, without settling.
+    /// A peer merely seen gone is [`gone_producer`](Self::gone_producer). Returns the edges
+    /// resolved.
     pub fn fence_producer(&mut self, name: &str, release: &mut impl BlockRelease) -> u32 {
         let resolved = self.driver.fence_producer(name);
         self.deliver(release);
@@ -366,6 +378,13 @@ impl<const N: usize, const E: usize> EngineSide<'_, N, E> {
     /// As [`Consumer::abort`].
     pub fn abort(&mut self, id: &str) -> Result<Quarantined, AbortError> {
         self.engine.abort(id)
+    }
+
+    /// As [`Consumer::gone_producer`].
+    pub fn gone_producer(&mut self, name: &str, release: &mut impl BlockRelease) -> u32 {
+        let resolved = self.engine.gone_producer(name);
+        self.deliver(release);
+        resolved
     }
 
     /// As [`Consumer::fence_producer`].

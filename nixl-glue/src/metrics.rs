@@ -13,18 +13,19 @@
 //! | --- | --- | --- |
 //! | `kvdrain:nixl_num_registered_reqs` | | requests a consumer registered for pushed KV |
 //! | `kvdrain:nixl_num_completed_reqs` | | requests whose every write landed (decode may start) |
-//! | `kvdrain:nixl_num_failed_reqs` | | requests failed because a write did not land (`PUSH_FAIL` or fence); not expiries, not aborts |
+//! | `kvdrain:nixl_num_failed_reqs` | | requests failed because a write did not land (`PUSH_FAIL`, a producer gone, or a fence); not expiries, not aborts |
 //! | `kvdrain:nixl_num_kv_expired_reqs` | | requests whose deadline passed with writes outstanding |
 //! | `kvdrain:nixl_num_aborted_reqs` | | requests the engine aborted while writes were outstanding |
 //! | `kvdrain:nixl_num_released_reqs` | `forced` | requests whose blocks were given back for reuse (`forced="true"`: the quarantine ran out) |
-//! | `kvdrain:nixl_num_fenced_edges` | | producer edges resolved as failed by a fence |
+//! | `kvdrain:nixl_num_fenced_edges` | | producer edges resolved as failed by a fence (the transport proved nothing more lands) |
+//! | `kvdrain:nixl_num_gone_edges` | | producer edges resolved as failed because their producer was seen gone (they settle) |
 //! | `kvdrain:nixl_num_rejected_registrations` | `reason` | registrations the tracker refused (`full`, `duplicate_id`, `invalid`) |
 //! | `kvdrain:nixl_num_completions` | | completion notifications that resolved an edge |
 //! | `kvdrain:nixl_num_failure_notices` | | `PUSH_FAIL` notices that resolved an edge (consumer) |
 //! | `kvdrain:nixl_num_ignored_notifications` | `side`, `reason` | notifications that changed nothing: consumer reasons as in the trace spec; producer reason `not_for_producer` |
 //! | `kvdrain:nixl_num_sent_notifications` | `side`, `kind` | notifications sent: consumer `push_reg`, `heartbeat`; producer `push_fail` |
 //! | `kvdrain:nixl_num_failed_notifications` | `side`, `kind` | notifications that could not be sent (same kinds) |
-//! | `kvdrain:nixl_num_producer_disconnects` | | producer agents a consumer found disconnected and fenced |
+//! | `kvdrain:nixl_num_producer_disconnects` | | producer agents a consumer found disconnected and reported gone |
 //! | `kvdrain:nixl_num_notifications_from_strangers` | | notifications from agents never introduced |
 //! | `kvdrain:nixl_notif_to_decision_seconds` | (histogram) | time from draining the deciding notification to handing its decision to the engine |
 //! | `kvdrain:nixl_num_registrations` | `outcome` | `PUSH_REG` received by producers (`decoded`, `malformed`, `duplicate`, `dropped`, `retired`) |
@@ -69,6 +70,7 @@ pub struct Metrics {
     aborted: Counter,
     released: Counters_,
     fenced_edges: Counter,
+    gone_edges: Counter,
     rejected: Counters_,
     completions: Counter,
     failure_notices: Counter,
@@ -105,7 +107,7 @@ impl Metrics {
     /// Registers every metric in `registry` (an engine's, or a fresh one).
     pub fn register(&self, registry: &mut Registry) {
         let m = self.clone();
-        let counters: [(&str, &str, Counter); 16] = [
+        let counters: [(&str, &str, Counter); 17] = [
             (
                 "kvdrain:nixl_num_registered_reqs",
                 "Requests a consumer registered for pushed KV",
@@ -137,6 +139,11 @@ impl Metrics {
                 m.fenced_edges,
             ),
             (
+                "kvdrain:nixl_num_gone_edges",
+                "Producer edges resolved as failed because their producer was seen gone",
+                m.gone_edges,
+            ),
+            (
                 "kvdrain:nixl_num_completions",
                 "Completion notifications that resolved an edge",
                 m.completions,
@@ -148,7 +155,7 @@ impl Metrics {
             ),
             (
                 "kvdrain:nixl_num_producer_disconnects",
-                "Producer agents a consumer found disconnected and fenced",
+                "Producer agents a consumer found disconnected and reported gone",
                 m.disconnects,
             ),
             (
@@ -255,6 +262,7 @@ impl Metrics {
         set_in(&self.released, &[("forced", "false")], e.released);
         set_in(&self.released, &[("forced", "true")], e.released_forced);
         set(&self.fenced_edges, e.fenced_edges);
+        set(&self.gone_edges, e.gone_edges);
         for (reason, n) in [
             ("full", e.rejected_full),
             ("duplicate_id", e.rejected_duplicate_id),

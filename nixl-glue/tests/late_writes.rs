@@ -150,8 +150,8 @@ fn new_producer_reports_nothing_after_its_own_invalidation_or_drop() {
 ///
 /// It needs more than the core's settling of failure notices: over TCP, after a connection
 /// reset (c) or P's death (d), D's heartbeat fails while its UCX still writes bytes it had
-/// received, for up to ~0.2 s (see `kvdrain experiment late-writes`), so D fences P only
-/// `settle_ms` after the disconnect (`kvdrain_driver::consumer::fence_due_ms`).
+/// received, for up to ~0.2 s (see `kvdrain experiment late-writes`), so D reports P
+/// gone to the core (`Ledger::gone`), whose blocks then settle for `settle_ms`.
 #[test]
 fn new_producer_with_settling_has_no_violations_under_any_fault() {
     let _s = serial();
@@ -174,13 +174,18 @@ fn new_producer_with_settling_has_no_violations_under_any_fault() {
     assert_eq!(summary.violations, 0, "{}", summary.table());
     for r in &records {
         let json = r.to_json();
-        // A disconnect is fenced no earlier than settle_ms after it (the drivers' clock
-        // counts whole milliseconds).
-        if let (Some(d), Some(f)) = (
+        // Blocks released after a disconnect (a gone) come back no earlier than settle_ms
+        // after it, unless the quarantine forced them (the ledger's clock counts whole
+        // milliseconds).
+        if let (Some(d), Some(released), Some("false")) = (
             r.consumer.num("disconnect_after_event_us"),
-            r.consumer.num("fence_after_event_us"),
+            r.consumer.num("released_after_event_us"),
+            r.consumer.get("forced_release"),
         ) {
-            assert!(f + 1000 >= d + 5_000_000, "fenced before settling: {json}");
+            assert!(
+                released < d || released + 1000 >= d + 5_000_000,
+                "released before the gone settled: {json}"
+            );
         }
     }
 }

@@ -19,6 +19,22 @@
  * error; byte spans are borrowed for the call only; output arrays are yours, with their
  * room passed in and the count written back through a size_t pointer. Nothing panics
  * into C: an internal panic returns KVDRAIN_ERR_PANIC and poisons the handle.
+ *
+ * States of a request (RELEASED hands the blocks back; COMPLETED gives them to decode):
+ *
+ *   register -> COUNTING --last edge, none failed--> COMPLETED
+ *               COUNTING --last edge, >=1 failed---> FAILED -> SETTLING -> RELEASED
+ *               COUNTING --abort / deadline--> aborted / EXPIRED (quarantined)
+ *               aborted / EXPIRED --every edge resolved (late notice, gone, fence)-->
+ *                   SETTLING -> RELEASED
+ *               aborted / EXPIRED --quarantine_ms ran out--> RELEASED (forced)
+ *
+ * SETTLING is passed through at once unless a PUSH_FAIL notice or kvdrain_engine_gone
+ * resolved one of the request's edges less than settle_ms ago; then RELEASED comes from
+ * the kvdrain_engine_advance that reaches the settle end (or the quarantine end, forced,
+ * if that comes first). kvdrain_engine_info.next_timer_ms names settle ends too. Report a
+ * lost or invalidated producer with kvdrain_engine_gone; kvdrain_engine_fence only when
+ * the transport proves nothing more of it can land.
  */
 
 #ifndef KVDRAIN_H
@@ -306,17 +322,28 @@ typedef struct kvdrain_engine_counters {
   uint64_t abort_late;
   // Named edges resolved as failed by a fence.
   uint64_t fenced_edges;
+  // Named edges resolved as failed by `kvdrain_engine_gone` (they settle).
+  uint64_t gone_edges;
+  // Requests that started waiting for a failure notice or a gone to settle.
+  uint64_t settle_started;
+  // Of those, how many were released when the settling ended (the others by their
+  // quarantine running out first; both are also counted in `released` or
+  // `released_forced`).
+  uint64_t settle_released;
+  // Requests waiting to settle now (a gauge); each holds its slot and its blocks.
+  uint64_t settling;
 } kvdrain_engine_counters;
 
 // A snapshot of the engine's clock and load.
 typedef struct kvdrain_engine_info {
   // The clock: the last `kvdrain_engine_advance`.
   uint64_t now_ms;
-  // When the next deadline or quarantine end falls, or `KVDRAIN_NO_TIMER`.
+  // When the next deadline, settle end (of a failure notice or a gone) or quarantine end
+  // falls, or `KVDRAIN_NO_TIMER`: the time to advance to next if nothing else comes.
   uint64_t next_timer_ms;
   // Requests tracked now (quarantined ones included).
   size_t tracked;
-  // Decisions `kvdrain_engine_advance` and `kvdrain_engine_fence` took that wait for
+  // Decisions `kvdrain_engine_advance`, `_gone` and `_fence` took that wait for
   // `kvdrain_engine_poll` (those of requests the ingest half drained are taken by the
   // poll and not counted).
   size_t queued_decisions;
@@ -432,8 +459,8 @@ kvdrain_status kvdrain_engine_abort_id(struct kvdrain_engine *engine,
 // written on return. Nothing is allocated. When `*n` comes back equal to the room given,
 // more may wait: call again. Engine thread.
 //
-// Every decision comes out here, in the order it was taken: those `kvdrain_engine_advance`
-// and `kvdrain_engine_fence` took (they wait in the core, in fixed room allocated with
+// Every decision comes out here, in the order it was taken: those `kvdrain_engine_advance`,
+// `kvdrain_engine_gone` and `kvdrain_engine_fence` took (they wait in the core, in fixed room allocated with
 // the ledger), then `COMPLETED`, `FAILED` and `RELEASED` of requests whose last notice
 // the ingest half fed (decided by this call). Poll until fewer than asked come back
 // after every call that can decide: a decided request keeps its slot until its last
@@ -447,9 +474,10 @@ kvdrain_status kvdrain_engine_poll(struct kvdrain_engine *engine,
                                    struct kvdrain_decision *out,
                                    size_t *n);
 
-// Advances the clock to `now_ms` (your monotonic clock, in ms) and decides every deadline
-// and quarantine end at or before it, in registration order: `EXPIRED`, and a forced
-// `RELEASED` when a quarantine is over (or `RELEASED` when a failure notice has settled).
+// Advances the clock to `now_ms` (your monotonic clock, in ms) and decides every deadline,
+// settle end and quarantine end at or before it, in registration order: `EXPIRED`, and a
+// forced `RELEASED` when a quarantine is over (or `RELEASED` when a failure notice or a
+// gone has settled).
 // The decisions wait for `kvdrain_engine_poll`. Engine thread.
 //
 // Errors (nothing changed): `KVDRAIN_ERR_CLOCK_BACKWARDS`.
@@ -458,12 +486,35 @@ kvdrain_status kvdrain_engine_poll(struct kvdrain_engine *engine,
 // `engine` is NULL or a live engine handle.
 kvdrain_status kvdrain_engine_advance(struct kvdrain_engine *engine, uint64_t now_ms);
 
-// The transport confirmed that `agent` can no longer write into this node: resolves, as
-// failed, every outstanding named edge of `agent` (counting-mode requests are not
-// touched). Requests whose last edge this resolves are decided now (`FAILED` then
-// `RELEASED`, or `RELEASED` for aborted/expired ones); the decisions wait for
-// `kvdrain_engine_poll`. Writes the number of edges resolved to `*resolved` unless NULL.
-// Engine thread.
+// The transport saw `agent` go away (a send or heartbeat to it failed, its connection
+// was reset, its process died, its metadata was invalidated) but cannot prove that none
+// of its bytes already on the way can land: resolves, as failed, every outstanding named
+// edge of `agent` now, exactly as a failure notice from `agent` for each of those
+// requests would. Requests whose last edge this resolves are decided now (`FAILED`); their
+// blocks settle for `settle_ms` from now (`RELEASED` comes from a later
+// `kvdrain_engine_advance`, at once with `settle_ms` 0; an aborted or expired request gets
+// only its `RELEASED`, forced if its quarantine ends first). Edges already resolved,
+// counting-mode requests and requests registered later are not touched. The decisions
+// wait for `kvdrain_engine_poll`. Writes the number of edges resolved to `*resolved`
+// unless NULL. Engine thread.
+//
+// Report a lost producer with this, never with `kvdrain_engine_fence`, unless the
+// transport can prove that nothing of it can still land.
+//
+// # Safety
+// `engine` is NULL or a live engine handle; `resolved` is NULL or writable.
+kvdrain_status kvdrain_engine_gone(struct kvdrain_engine *engine,
+                                   uint16_t agent,
+                                   uint32_t *resolved);
+
+// The transport proves that `agent` can no longer write into this node (nothing of it is
+// in flight and none of it can land): resolves, as failed, every outstanding named edge
+// of `agent`, with no settling (counting-mode requests are not touched). Requests whose
+// last edge this resolves are decided now (`FAILED` then `RELEASED` unless a failure
+// notice or gone of another edge still settles, or `RELEASED` for aborted/expired ones);
+// the decisions wait for `kvdrain_engine_poll`. Writes the number of edges resolved to
+// `*resolved` unless NULL. Engine thread. A peer merely seen gone (dead, reset,
+// invalidated) proves nothing of the kind: use `kvdrain_engine_gone`.
 //
 // # Safety
 // `engine` is NULL or a live engine handle; `resolved` is NULL or writable.

@@ -1,4 +1,4 @@
-//! The engine half: register, abort, fence, advance, poll, counters and getters.
+//! The engine half: register, abort, gone, fence, advance, poll, counters and getters.
 
 use core::mem::MaybeUninit;
 
@@ -95,24 +95,59 @@ pub struct kvdrain_engine_counters {
     pub abort_late: u64,
     /// Named edges resolved as failed by a fence.
     pub fenced_edges: u64,
+    /// Named edges resolved as failed by `kvdrain_engine_gone` (they settle).
+    pub gone_edges: u64,
+    /// Requests that started waiting for a failure notice or a gone to settle.
+    pub settle_started: u64,
+    /// Of those, how many were released when the settling ended (the others by their
+    /// quarantine running out first; both are also counted in `released` or
+    /// `released_forced`).
+    pub settle_released: u64,
+    /// Requests waiting to settle now (a gauge); each holds its slot and its blocks.
+    pub settling: u64,
 }
 
 impl From<&EngineCounters> for kvdrain_engine_counters {
     fn from(c: &EngineCounters) -> Self {
+        // Every field named, no `..`: a counter the core adds does not compile here until
+        // the C ABI carries it too.
+        let EngineCounters {
+            registered,
+            rejected_full,
+            rejected_duplicate_id,
+            rejected_invalid,
+            completed,
+            failed,
+            aborted,
+            expired,
+            released,
+            released_forced,
+            abort_unknown,
+            abort_late,
+            fenced_edges,
+            gone_edges,
+            settle_started,
+            settle_released,
+            settling,
+        } = *c;
         kvdrain_engine_counters {
-            registered: c.registered,
-            rejected_full: c.rejected_full,
-            rejected_duplicate_id: c.rejected_duplicate_id,
-            rejected_invalid: c.rejected_invalid,
-            completed: c.completed,
-            failed: c.failed,
-            aborted: c.aborted,
-            expired: c.expired,
-            released: c.released,
-            released_forced: c.released_forced,
-            abort_unknown: c.abort_unknown,
-            abort_late: c.abort_late,
-            fenced_edges: c.fenced_edges,
+            registered,
+            rejected_full,
+            rejected_duplicate_id,
+            rejected_invalid,
+            completed,
+            failed,
+            aborted,
+            expired,
+            released,
+            released_forced,
+            abort_unknown,
+            abort_late,
+            fenced_edges,
+            gone_edges,
+            settle_started,
+            settle_released,
+            settling,
         }
     }
 }
@@ -309,8 +344,8 @@ fn poll(side: &mut EngineSide, out: &mut Out<'_>) {
 /// written on return. Nothing is allocated. When `*n` comes back equal to the room given,
 /// more may wait: call again. Engine thread.
 ///
-/// Every decision comes out here, in the order it was taken: those `kvdrain_engine_advance`
-/// and `kvdrain_engine_fence` took (they wait in the core, in fixed room allocated with
+/// Every decision comes out here, in the order it was taken: those `kvdrain_engine_advance`,
+/// `kvdrain_engine_gone` and `kvdrain_engine_fence` took (they wait in the core, in fixed room allocated with
 /// the ledger), then `COMPLETED`, `FAILED` and `RELEASED` of requests whose last notice
 /// the ingest half fed (decided by this call). Poll until fewer than asked come back
 /// after every call that can decide: a decided request keeps its slot until its last
@@ -349,9 +384,10 @@ pub unsafe extern "C" fn kvdrain_engine_poll(
     }
 }
 
-/// Advances the clock to `now_ms` (your monotonic clock, in ms) and decides every deadline
-/// and quarantine end at or before it, in registration order: `EXPIRED`, and a forced
-/// `RELEASED` when a quarantine is over (or `RELEASED` when a failure notice has settled).
+/// Advances the clock to `now_ms` (your monotonic clock, in ms) and decides every deadline,
+/// settle end and quarantine end at or before it, in registration order: `EXPIRED`, and a
+/// forced `RELEASED` when a quarantine is over (or `RELEASED` when a failure notice or a
+/// gone has settled).
 /// The decisions wait for `kvdrain_engine_poll`. Engine thread.
 ///
 /// Errors (nothing changed): `KVDRAIN_ERR_CLOCK_BACKWARDS`.
@@ -372,12 +408,47 @@ pub unsafe extern "C" fn kvdrain_engine_advance(
     }
 }
 
-/// The transport confirmed that `agent` can no longer write into this node: resolves, as
-/// failed, every outstanding named edge of `agent` (counting-mode requests are not
-/// touched). Requests whose last edge this resolves are decided now (`FAILED` then
-/// `RELEASED`, or `RELEASED` for aborted/expired ones); the decisions wait for
-/// `kvdrain_engine_poll`. Writes the number of edges resolved to `*resolved` unless NULL.
-/// Engine thread.
+/// The transport saw `agent` go away (a send or heartbeat to it failed, its connection
+/// was reset, its process died, its metadata was invalidated) but cannot prove that none
+/// of its bytes already on the way can land: resolves, as failed, every outstanding named
+/// edge of `agent` now, exactly as a failure notice from `agent` for each of those
+/// requests would. Requests whose last edge this resolves are decided now (`FAILED`); their
+/// blocks settle for `settle_ms` from now (`RELEASED` comes from a later
+/// `kvdrain_engine_advance`, at once with `settle_ms` 0; an aborted or expired request gets
+/// only its `RELEASED`, forced if its quarantine ends first). Edges already resolved,
+/// counting-mode requests and requests registered later are not touched. The decisions
+/// wait for `kvdrain_engine_poll`. Writes the number of edges resolved to `*resolved`
+/// unless NULL. Engine thread.
+///
+/// Report a lost producer with this, never with `kvdrain_engine_fence`, unless the
+/// transport can prove that nothing of it can still land.
+///
+/// # Safety
+/// `engine` is NULL or a live engine handle; `resolved` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvdrain_engine_gone(
+    engine: *mut kvdrain_engine,
+    agent: u16,
+    resolved: *mut u32,
+) -> kvdrain_status {
+    // SAFETY: as documented.
+    unsafe {
+        with_half(engine, |side| {
+            let n = side.engine.gone(AgentId(agent));
+            write_opt(resolved, n);
+            KVDRAIN_OK
+        })
+    }
+}
+
+/// The transport proves that `agent` can no longer write into this node (nothing of it is
+/// in flight and none of it can land): resolves, as failed, every outstanding named edge
+/// of `agent`, with no settling (counting-mode requests are not touched). Requests whose
+/// last edge this resolves are decided now (`FAILED` then `RELEASED` unless a failure
+/// notice or gone of another edge still settles, or `RELEASED` for aborted/expired ones);
+/// the decisions wait for `kvdrain_engine_poll`. Writes the number of edges resolved to
+/// `*resolved` unless NULL. Engine thread. A peer merely seen gone (dead, reset,
+/// invalidated) proves nothing of the kind: use `kvdrain_engine_gone`.
 ///
 /// # Safety
 /// `engine` is NULL or a live engine handle; `resolved` is NULL or writable.
@@ -425,11 +496,12 @@ pub unsafe extern "C" fn kvdrain_engine_get_counters(
 pub struct kvdrain_engine_info {
     /// The clock: the last `kvdrain_engine_advance`.
     pub now_ms: u64,
-    /// When the next deadline or quarantine end falls, or `KVDRAIN_NO_TIMER`.
+    /// When the next deadline, settle end (of a failure notice or a gone) or quarantine end
+    /// falls, or `KVDRAIN_NO_TIMER`: the time to advance to next if nothing else comes.
     pub next_timer_ms: u64,
     /// Requests tracked now (quarantined ones included).
     pub tracked: usize,
-    /// Decisions `kvdrain_engine_advance` and `kvdrain_engine_fence` took that wait for
+    /// Decisions `kvdrain_engine_advance`, `_gone` and `_fence` took that wait for
     /// `kvdrain_engine_poll` (those of requests the ingest half drained are taken by the
     /// poll and not counted).
     pub queued_decisions: usize,
@@ -474,4 +546,62 @@ pub unsafe extern "C" fn kvdrain_engine_get_info(
 pub unsafe extern "C" fn kvdrain_engine_free(engine: *mut kvdrain_engine) {
     // SAFETY: as documented.
     unsafe { crate::group::free_half(engine.cast_const()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The C counters are the core's, field for field: every core counter set to a
+    /// distinct value comes out under its own name, and the structs have the same size
+    /// (all `u64`), so the C struct holds nothing the core does not count.
+    #[test]
+    fn engine_counters_are_the_cores_field_for_field() {
+        let core = EngineCounters {
+            registered: 1,
+            rejected_full: 2,
+            rejected_duplicate_id: 3,
+            rejected_invalid: 4,
+            completed: 5,
+            failed: 6,
+            aborted: 7,
+            expired: 8,
+            released: 9,
+            released_forced: 10,
+            abort_unknown: 11,
+            abort_late: 12,
+            fenced_edges: 13,
+            gone_edges: 14,
+            settle_started: 15,
+            settle_released: 16,
+            settling: 17,
+        };
+        let c = kvdrain_engine_counters::from(&core);
+        assert_eq!(
+            [
+                c.registered,
+                c.rejected_full,
+                c.rejected_duplicate_id,
+                c.rejected_invalid,
+                c.completed,
+                c.failed,
+                c.aborted,
+                c.expired,
+                c.released,
+                c.released_forced,
+                c.abort_unknown,
+                c.abort_late,
+                c.fenced_edges,
+                c.gone_edges,
+                c.settle_started,
+                c.settle_released,
+                c.settling,
+            ],
+            core::array::from_fn::<u64, 17, _>(|i| i as u64 + 1)
+        );
+        assert_eq!(
+            size_of::<kvdrain_engine_counters>(),
+            size_of::<EngineCounters>()
+        );
+    }
 }

@@ -160,17 +160,31 @@ pub struct kvdrain_ingest_counters {
 
 impl From<&IngestCounters> for kvdrain_ingest_counters {
     fn from(c: &IngestCounters) -> Self {
+        // Every field named, no `..`: a counter the core adds does not compile here until
+        // the C ABI carries it too.
+        let IngestCounters {
+            completions,
+            failure_notices,
+            last_edges,
+            malformed,
+            not_for_consumer,
+            unknown,
+            late,
+            duplicate,
+            unexpected_sender,
+            ready_overflow,
+        } = *c;
         kvdrain_ingest_counters {
-            completions: c.completions,
-            failure_notices: c.failure_notices,
-            last_edges: c.last_edges,
-            malformed: c.malformed,
-            not_for_consumer: c.not_for_consumer,
-            unknown: c.unknown,
-            late: c.late,
-            duplicate: c.duplicate,
-            unexpected_sender: c.unexpected_sender,
-            ready_overflow: c.ready_overflow,
+            completions,
+            failure_notices,
+            last_edges,
+            malformed,
+            not_for_consumer,
+            unknown,
+            late,
+            duplicate,
+            unexpected_sender,
+            ready_overflow,
         }
     }
 }

@@ -10,18 +10,28 @@
 //!              register                 last edge resolved, none failed
 //!  (pending) ───────────▶ COUNTING ─────────────────────────────────────▶ COMPLETED
 //!                            │  │       last edge resolved, ≥1 failed
-//!                            │  └───────────────────────────────────────▶ FAILED ─▶ RELEASED
-//!                     abort  │  deadline                                              ▲
-//!                            ▼  ▼                                                     │
-//!                    aborted / EXPIRED ── every edge resolved (late notice, fence) ───┤
-//!                       (quarantined)  ── quarantine_ms ran out ──────────────────────┘ (forced)
+//!                            │  └───────────────────────────────────────▶ FAILED ──┐
+//!                     abort  │  deadline                                           │
+//!                            ▼  ▼                                                  ▼
+//!                    aborted / EXPIRED ── every edge resolved ───────────▶ (SETTLING) ─▶ RELEASED
+//!                       (quarantined)    (late notice, gone, fence)     settle end     ▲
+//!                            │                    │ quarantine end first               │
+//!                            └── quarantine_ms ran out, edges outstanding ─────────────┘ (forced)
 //! ```
+//!
+//! `SETTLING` is passed through at once unless a failure notice (`PUSH_FAIL:`) or a
+//! `kvdrain_engine_gone` of its agent resolved one of the request's edges less than
+//! `settle_ms` ago: the write it reports may still be landing, so `RELEASED` comes from the
+//! `kvdrain_engine_advance` that reaches `settle_ms` after the last of them (or, for an
+//! aborted or expired request, its quarantine end if that comes first: forced, never
+//! delayed). `kvdrain_engine_info.next_timer_ms` names the next settle end as it names
+//! deadlines and quarantine ends. A settling request is decided but still holds its slot.
 //!
 //! ## Drive contract
 //!
 //! **Time enters only through `kvdrain_engine_advance`; events through
-//! `kvdrain_ingest_feed[_batch]`, `kvdrain_engine_register`, `_abort` and `_fence`;
-//! decisions leave through `kvdrain_engine_poll`, into your array.**
+//! `kvdrain_ingest_feed[_batch]`, `kvdrain_engine_register`, `_abort`, `_gone` and
+//! `_fence`; decisions leave through `kvdrain_engine_poll`, into your array.**
 //!
 //! 1. `kvdrain_config_default`, adjust, `kvdrain_ledger_new`, `kvdrain_ledger_split`.
 //! 2. Per request: `kvdrain_engine_register` (id bytes, your `uint64_t` block handle, a
@@ -30,8 +40,14 @@
 //!    `kvdrain_ingest_feed_batch` with parallel arrays.
 //! 4. On `KVDRAIN_NOTICE_DECIDED` or each scheduler step: `kvdrain_engine_poll` until it
 //!    returns fewer decisions than asked; act on each.
-//! 5. Each scheduler step: `kvdrain_engine_advance(now_ms)`, then poll.
-//! 6. Client cancel: `kvdrain_engine_abort(key)`; dead producer: `kvdrain_engine_fence`.
+//! 5. Each scheduler step: `kvdrain_engine_advance(now_ms)`, then poll (settle ends fire
+//!    here too).
+//! 6. Client cancel: `kvdrain_engine_abort(key)`.
+//! 7. A producer lost or invalidated (a failed send or heartbeat, a reset connection, a dead
+//!    process, invalidated metadata): `kvdrain_engine_advance(now_ms)` then
+//!    `kvdrain_engine_gone(agent)`, then poll: its edges fail now and their blocks settle,
+//!    because its bytes already handed to the transport keep landing.
+//!    `kvdrain_engine_fence` only when the transport proves nothing more of it can land.
 //!
 //! ## Threads
 //!

@@ -1,8 +1,8 @@
 /*
  * The C ABI against the failure catalogue (docs/protocol.md): C2 in both orders,
- * duplicates, unknown ids, garbage bytes, a full table, abort, deadline, fence, settling,
- * handle misuse, the producer's owed notices, and two threads feeding and polling at once
- * (>= 10^5 requests, no decision lost or doubled).
+ * duplicates, unknown ids, garbage bytes, a full table, abort, deadline, fence, gone,
+ * settling, handle misuse, the producer's owed notices, and two threads feeding and
+ * polling at once (>= 10^5 requests, no decision lost or doubled).
  *
  * Built by `make c-test` with -fsanitize=address,undefined against the static library,
  * and once more against the installed library through pkg-config. Prints
@@ -424,6 +424,45 @@ static fixture open_settling(uint32_t capacity, uint64_t quarantine_ms, uint64_t
     cfg.quarantine_ms = quarantine_ms;
     cfg.settle_ms = settle_ms;
     return open_with(&cfg);
+}
+
+/* Rule 9: a producer seen gone fails its named edges at once, as failure notices from it
+ * would, and their blocks settle settle_ms from the gone; counting mode, edges already
+ * resolved and an aborted request's quarantine behave as for a failure notice. */
+static void test_gone(void) {
+    fixture f = open_settling(16, 1000, 100);
+    const uint16_t agents[] = {0, 1};
+    uint64_t named = 0, counting = 0, aborted = 0;
+    OK(reg(&f, "named", 3, 0, agents, 2, 0, &named));
+    OK(reg(&f, "counting", 4, 2, NULL, 0, 0, &counting));
+    OK(reg(&f, "aborted", 5, 0, agents + 1, 1, 0, &aborted));
+    CHECK(feed(&f, 0, "named:2") == KVDRAIN_NOTICE_COUNTED);
+    kvdrain_quarantined q;
+    OK(kvdrain_engine_abort(f.engine, aborted, &q));
+    OK(kvdrain_engine_advance(f.engine, 20));
+    uint32_t resolved = 99;
+    OK(kvdrain_engine_gone(f.engine, 1, &resolved));
+    CHECK(resolved == 2); /* named and aborted; counting mode is not touched */
+    kvdrain_decision d[4];
+    CHECK(poll_all(&f, d, 4, 4) == 1);
+    expect_decision(&d[0], KVDRAIN_FAILED, named, 0, 0); /* failed now, not released */
+    CHECK(feed(&f, 1, "named:2") == KVDRAIN_IGNORED_LATE);
+    OK(kvdrain_engine_gone(f.engine, 1, &resolved));
+    CHECK(resolved == 0); /* already resolved: left as it is */
+    kvdrain_engine_info info;
+    OK(kvdrain_engine_get_info(f.engine, &info));
+    CHECK(info.next_timer_ms == 120); /* the settle end: 20 + 100 */
+    OK(kvdrain_engine_advance(f.engine, 119));
+    CHECK(poll_all(&f, d, 4, 4) == 0);
+    OK(kvdrain_engine_advance(f.engine, 120));
+    CHECK(poll_all(&f, d, 4, 4) == 2);
+    expect_decision(&d[0], KVDRAIN_RELEASED, named, 3, 0);
+    expect_decision(&d[1], KVDRAIN_RELEASED, aborted, 5, 0);
+    kvdrain_engine_counters ec;
+    OK(kvdrain_engine_get_counters(f.engine, &ec));
+    CHECK(ec.gone_edges == 2 && ec.fenced_edges == 0);
+    CHECK(ec.settle_started == 2 && ec.settle_released == 2 && ec.settling == 0);
+    close_ledger(&f);
 }
 
 /* Rule 7 with rule 8: a request waiting to settle holds its slot until its release. */
@@ -1040,6 +1079,7 @@ int main(void) {
     RUN(test_abort);
     RUN(test_deadline);
     RUN(test_fence);
+    RUN(test_gone);
     RUN(test_settling);
     RUN(test_settling_holds_its_slot);
     RUN(test_settling_counts_from_the_last_notice);

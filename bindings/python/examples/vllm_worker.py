@@ -1,5 +1,7 @@
-"""The consumer half of a vLLM 0.33 push worker on kvdrain.vllm (NIXL and the scheduler
-stubbed): the calls sit where docs/vllm-recipe.md puts them."""
+"""The decode-side decisions of a push worker through kvdrain.vllm.PushConsumer (NIXL and
+the engine stubbed). With vLLM 0.33 itself, turn on the connector plugin instead:
+``--kv-transfer-config '{"kv_connector": "KvdrainPushConnector",
+"kv_connector_module_path": "kvdrain.vllm.connector", ...}'`` (docs/vllm.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from kvdrain.vllm import PushConsumer
 
 consumer = PushConsumer(world_size=1, capacity=4096)
 
-# start_load_kv: receive metadata stored before the PUSH_REG goes out.
+# Registration, before the PUSH_REG goes out.
 consumer.start_load_kv("cmpl-7-0", [100, 101], tp_size=2, pp_size=1)
 consumer.start_load_kv("cmpl-8-0", [102], tp_size=2, pp_size=1)
 
@@ -18,7 +20,7 @@ for agent, message in consumer.writer_batch(
         "P1": [b"cmpl-7-0:2", b"PUSH_FAIL:cmpl-8-0:2", b"HB:r"],
     }
 ):
-    print("to vLLM's own handler:", agent, message)
+    print("producer-bound, for the engine's own handler:", agent, message)
 
 # Engine thread, each step.
 consumer.get_new_notifs()

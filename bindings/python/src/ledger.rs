@@ -461,8 +461,28 @@ impl PyLedger {
         }
     }
 
-    /// The transport knows `agent` can no longer write here: every outstanding named edge
-    /// of it resolves as failed. Returns the decisions this takes.
+    /// The transport saw `agent` go away (a failed send or heartbeat, a reset
+    /// connection, a dead process, invalidated metadata) but cannot prove that none of
+    /// its bytes already on the way can land: every outstanding named edge of it resolves
+    /// as failed now, as a failure notice from it would, and the blocks settle for
+    /// `settle_ms` from now. Returns the decisions this takes.
+    fn gone<'py>(
+        &self,
+        py: Python<'py>,
+        agent: &Bound<'py, PyString>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let agent = lock(py, &self.agents).lookup(agent.to_str()?);
+        if agent == STRANGER {
+            return Ok(PyList::empty(py));
+        }
+        let (_, taken) = self.tracker.gone(py, agent);
+        self.decisions(py, taken)
+    }
+
+    /// The transport proves that `agent` can no longer write here (nothing of it in
+    /// flight, none of it can land): every outstanding named edge of it resolves as
+    /// failed, with no settling. A peer merely seen gone is [`gone`](Self::gone).
+    /// Returns the decisions this takes.
     fn fence<'py>(
         &self,
         py: Python<'py>,
@@ -504,6 +524,7 @@ impl PyLedger {
             ("abort_unknown", e.abort_unknown),
             ("abort_late", e.abort_late),
             ("fenced_edges", e.fenced_edges),
+            ("gone_edges", e.gone_edges),
         ] {
             d.set_item(k, v)?;
         }

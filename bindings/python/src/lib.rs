@@ -15,7 +15,7 @@
 //!
 //! Drive contract (the core's, seen from Python): the writer thread calls
 //! `Ledger.feed` (`src/ledger.rs`) with each batch NIXL hands over; the engine thread
-//! registers, calls `poll` and `advance(now_ms)` every step, and `abort`/`fence` when it
+//! registers, calls `poll` and `advance(now_ms)` every step, and `abort`/`gone`/`fence` when it
 //! must. Decisions come back as `kvdrain.Decision` objects carrying the caller's own
 //! `request_id` and `blocks` objects.
 //!

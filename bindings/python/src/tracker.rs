@@ -102,6 +102,9 @@ pub(crate) trait Tracker: Send + Sync {
     fn abort(&self, py: Python<'_>, id: &str) -> Result<Taken, AbortError>;
     /// Resolves every outstanding named edge of `agent` as failed.
     fn fence(&self, py: Python<'_>, agent: AgentId) -> (u32, Vec<Taken>);
+    /// Resolves every outstanding named edge of `agent` as failed by a failure notice
+    /// now (the core's `gone`: the blocks settle).
+    fn gone(&self, py: Python<'_>, agent: AgentId) -> (u32, Vec<Taken>);
     /// Both halves' counters plus the entries that were not `bytes`.
     fn counters(&self, py: Python<'_>) -> (IngestCounters, u64, EngineCounters);
     /// Visits every Python object the engine side holds (`tp_traverse`). Skips them if
@@ -371,6 +374,19 @@ impl<const N: usize> Tracker for Halves<N> {
             let EngineSide { engine, requests } = &mut *side;
             let at_ms = engine.now();
             let resolved = engine.fence(agent);
+            take_queued(engine, |d| out.extend(taken(requests, py, at_ms, d)));
+            resolved
+        });
+        (resolved, out)
+    }
+
+    fn gone(&self, py: Python<'_>, agent: AgentId) -> (u32, Vec<Taken>) {
+        let mut out = Vec::new();
+        let resolved = self.with_sides(|sides| {
+            let mut side = lock(py, &sides.engine);
+            let EngineSide { engine, requests } = &mut *side;
+            let at_ms = engine.now();
+            let resolved = engine.gone(agent);
             take_queued(engine, |d| out.extend(taken(requests, py, at_ms, d)));
             resolved
         });

@@ -412,6 +412,31 @@ def test_settle_zero_releases_with_the_decision() -> None:
     assert len(led) == 0 and led.next_timer_ms is None
 
 
+def test_gone_fails_named_edges_at_once_and_settles_from_the_gone() -> None:
+    # Rule 9: a peer seen gone may still have bytes landing: decided now, released
+    # settle_ms after the gone; counting mode and unknown agents untouched.
+    led = Ledger(16, settle_ms=100)
+    led.register("named", [1], ["p0", "p1"])
+    led.register("counted", [2], 2)
+    led.feed({"p0": [b"named:2", b"counted:2"]})
+    led.advance(20)
+    assert kinds(led.gone("p1")) == [("failed", "named")]
+    assert led.gone("p1") == [] and led.gone("never-seen") == []
+    assert led.counters()["gone_edges"] == 1 and led.counters()["fenced_edges"] == 0
+    assert led.advance(119) == []
+    assert kinds(led.advance(120)) == [("released", "named")]
+    assert len(led) == 1  # counting mode untouched
+
+
+def test_gone_releases_an_aborted_request_once_settled() -> None:
+    led = Ledger(16, settle_ms=50)
+    led.register("r", None, ["p0"])
+    led.abort("r")
+    assert led.gone("p0") == []
+    (d,) = led.advance(50)
+    assert (d.kind, d.forced) == ("released", False)
+
+
 def test_fence_needs_no_settling() -> None:
     led = Ledger(16, settle_ms=100)
     led.register("r", None, ["p0", "p1"])

@@ -64,6 +64,7 @@ commands: st.SearchStrategy[Command] = st.one_of(
     st.tuples(st.just("notify"), st.sampled_from(AGENTS), failure_notices),
     st.tuples(st.just("abort"), st.sampled_from(IDS)),
     st.tuples(st.just("fence"), st.sampled_from(AGENTS)),
+    st.tuples(st.just("gone"), st.sampled_from(AGENTS)),
 )
 # (capacity, deadline_ms, quarantine_ms, settle_ms)
 Config = tuple[int, int, int, int]
@@ -190,6 +191,9 @@ def through_python(
         elif c[0] == "fence":
             assert isinstance(c[1], str)
             take(led.fence(c[1]))
+        elif c[0] == "gone":
+            assert isinstance(c[1], str)
+            take(led.gone(c[1]))
         take(led.poll())
     k = led.counters()
     ignored = collections.Counter(

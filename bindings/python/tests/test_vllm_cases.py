@@ -209,14 +209,22 @@ def test_named_edges_catch_a_duplicate_sender() -> None:
     assert c.get_new_notifs() == {"n"}
 
 
-def test_fence_fails_the_named_edges_of_a_dead_producer() -> None:
-    c = consumer()
-    c.start_load_kv("f", [9], tp_size=2, producer_agents=["P0", "P1"])
-    c.writer_batch({"P0": [b"f:2"]})
-    c.fence_agent("P1")
-    assert c.get_transfer_results() == (set(), {"f"})
+def test_gone_fails_the_named_edges_of_a_lost_producer_and_settles() -> None:
+    clock = FakeClock()
+    c = PushConsumer(capacity=8, settle_ms=100, clock=clock)
+    c.start_load_kv("g", [9], tp_size=2, producer_agents=["P0", "P1"])
+    c.writer_batch({"P0": [b"g:2"]})
+    c.get_new_notifs()
+    c.gone_agent("P1")
+    assert c.get_transfer_results() == (set(), {"g"})
     assert c.get_block_ids_with_load_errors() == {9}
-    assert c.request_finished("f") is False  # fenced: no write can land, blocks free now
+    assert c.request_finished("g") is True  # P1's bytes may still be landing
+    clock.advance_ms(99)
+    c.get_new_notifs()
+    assert c.get_released() == set()
+    clock.advance_ms(1)
+    c.get_new_notifs()
+    assert c.get_released() == {"g"}
 
 
 def test_kv_groups_report_every_block() -> None:

@@ -37,7 +37,7 @@ pub struct ProducerRank {
     pub agent: AgentId,
     /// Whether that agent is running.
     pub alive: bool,
-    /// The agent the decode side believes it is (stale between a death and the fence or
+    /// The agent the decode side believes it is (stale between a death and the report or
     /// rediscovery that tells it).
     pub known: AgentId,
 }

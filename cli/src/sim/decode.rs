@@ -1,5 +1,5 @@
 //! One decode rank of the simulation: the shared consumer driver
-//! ([`ConsumerDriver`]: agent directory, registration, heartbeats, fences and decisions,
+//! ([`ConsumerDriver`]: agent directory, registration, heartbeats, lost producers and decisions,
 //! the code real NIXL runs) next to the rank's simulated KV blocks, and what the
 //! simulation expects of it. No protocol rule lives here: the driver decides, its
 //! transport ([`super::decode_link`]) carries, and this file only turns the driver's

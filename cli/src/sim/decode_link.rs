@@ -1,6 +1,6 @@
 //! The simulator's virtual network as a decode rank's consumer driver sees it: the shared
 //! [`ConsumerDriver`](kvdrain_driver::consumer::ConsumerDriver) runs unchanged (the
-//! directory, registration, heartbeat schedule, fences and decisions real NIXL runs), and
+//! directory, registration, heartbeat schedule, lost producers and decisions real NIXL runs), and
 //! this [`Transport`] turns what it sends into simulation events, with the network's
 //! faults applied here, never in the driver:
 //!
@@ -15,7 +15,8 @@
 //!   (the rank is checked when the message arrives);
 //! * notifications come from the event loop with their sender's agent name
 //!   ([`Cluster::agent_name`]); a producer's death that the transport notices comes out
-//!   of [`Transport::peer_gone`] (the driver fences it `settle_ms` later).
+//!   of [`Transport::peer_gone`] (the driver reports it gone to the core: its edges fail
+//!   and settle for `settle_ms`).
 //!
 //! A decode rank posts no WRITE: [`Transport::post_write`] refuses.
 

@@ -51,7 +51,8 @@ pub struct Rates {
     pub duplicate_registration: u32,
     /// A producer rank dies, per request.
     pub producer_death: u32,
-    /// The transport notices the death and fences the dead agent.
+    /// The transport notices the death and the driver reports the dead agent gone (a
+    /// "fenced" death: its blocks are held until its edges settle).
     pub fenced: u32,
     /// A failed WRITE keeps landing for up to `LATE_LANDING` ms after its error, per failed
     /// WRITE. Off by default until the core settles failure notices (`settle_ms`):

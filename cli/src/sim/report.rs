@@ -42,6 +42,8 @@ pub struct Decisions {
     pub ignored_unexpected_sender: u64,
     /// Named edges resolved by fences.
     pub fenced_edges: u64,
+    /// Named edges resolved by producers reported gone (they settle).
+    pub gone_edges: u64,
 }
 
 impl Decisions {
@@ -58,7 +60,7 @@ impl Decisions {
     }
 
     /// `(name, count)` in output order.
-    pub fn entries(&self) -> [(&'static str, u64); 15] {
+    pub fn entries(&self) -> [(&'static str, u64); 16] {
         [
             ("completed", self.completed),
             ("failed", self.failed),
@@ -75,6 +77,7 @@ impl Decisions {
             ("ignored_duplicate", self.ignored_duplicate),
             ("ignored_unexpected_sender", self.ignored_unexpected_sender),
             ("fenced_edges", self.fenced_edges),
+            ("gone_edges", self.gone_edges),
         ]
     }
 }

@@ -1169,9 +1169,9 @@ impl World {
     }
 
     /// The transport sees `agent` gone: every decode rank's transport reports it (its
-    /// driver fences it `settle_ms` later: a dead producer's errored WRITEs keep landing
-    /// for a while after its death is seen, the late-landing fault), and its replacement
-    /// comes up at once.
+    /// driver reports it gone to the core, whose edges of it fail at once and settle for
+    /// `settle_ms`: a dead producer's errored WRITEs keep landing for a while after its
+    /// death is seen, the late-landing fault), and its replacement comes up at once.
     fn death_seen(&mut self, rank: usize, agent: AgentId) {
         for d in 0..self.consumers.len() {
             self.consumers[d].gone.push_back(Cluster::agent_name(agent));
@@ -1241,6 +1241,11 @@ impl World {
             .consumers
             .iter()
             .map(|c| c.driver.counters().fenced_edges)
+            .sum();
+        self.decisions.gone_edges = self
+            .consumers
+            .iter()
+            .map(|c| c.driver.counters().gone_edges)
             .sum();
         if held != 0 || !self.writes.is_empty() {
             self.violation(format!(

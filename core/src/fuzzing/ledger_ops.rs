@@ -7,7 +7,7 @@
 //! with edge-case TP sizes) or raw fuzzer bytes. Times are small so deadlines and
 //! quarantines fire within a run.
 //!
-//! `Defer` switches between a caller that pulls after every `advance` and `fence` (the
+//! `Defer` switches between a caller that pulls after every `advance`, `fence` and `gone` (the
 //! replay model) and one that pulls late: the model's decisions then wait in the harness
 //! until the next pull, which must hand out the same decisions in the same order, and a
 //! registration may be refused as full only where the slots held by those decisions
@@ -93,6 +93,10 @@ enum Op {
     Fence {
         agent: u8,
     },
+    /// The agent was seen gone (rule 9): its edges fail and settle.
+    Gone {
+        agent: u8,
+    },
     Tick {
         ms: u8,
     },
@@ -104,8 +108,8 @@ enum Op {
     Poll,
     /// `poll_decision` until it returns `None`.
     Pull,
-    /// From now on, pull late (or again after every event): `advance` and `fence` leave
-    /// their decisions queued until a `Poll`, `Pull`, or an `advance` or `fence` after
+    /// From now on, pull late (or again after every event): `advance`, `fence` and `gone` leave
+    /// their decisions queued until a `Poll`, `Pull`, or an `advance`, `fence` or `gone` after
     /// the next `Defer`.
     Defer,
 }
@@ -249,7 +253,11 @@ struct Harness {
     notices_counted: u64,
     notices_failed: u64,
     last_edges: u64,
-    /// Pulling late: `advance` and `fence` leave their decisions queued.
+    /// Edges the real ledger said its fences and gones resolved (checked against the
+    /// model per call, and against the counters here).
+    fenced_edges: u64,
+    gone_edges: u64,
+    /// Pulling late: `advance`, `fence` and `gone` leave their decisions queued.
     defer: bool,
     /// The model's decisions taken and not pulled from the real ledger yet, in order.
     deferred: Vec<MDecision>,
@@ -322,6 +330,8 @@ impl Harness {
             notices_counted: 0,
             notices_failed: 0,
             last_edges: 0,
+            fenced_edges: 0,
+            gone_edges: 0,
             defer: false,
             deferred: Vec::new(),
         }
@@ -342,7 +352,7 @@ impl Harness {
         self.model.len() < self.model.capacity() && N - self.model.len() == self.slots_held()
     }
 
-    /// `advance` or `fence` took `model`: pull them now (with any left from pulling late),
+    /// `advance`, `fence` or `gone` took `model`: pull them now (with any left from pulling late),
     /// or leave them queued while pulling late. The rules are checked on them now, when
     /// they were taken.
     fn taken(&mut self, model: Vec<MDecision>, what: &str) {
@@ -396,7 +406,24 @@ impl Harness {
                 let resolved = self.ledger.fence(AgentId(agent));
                 let (model_resolved, model) = self.model.fence(agent);
                 assert_eq!(resolved, model_resolved, "fence {agent}: edges resolved");
+                self.fenced_edges += u64::from(resolved);
                 self.taken(model, &format!("fence {agent}"));
+            }
+            Op::Gone { agent } => {
+                let agent = u16::from(agent % AGENTS);
+                // Rule 8 from the gone: each request it resolves an edge of settles as
+                // from a failure notice now.
+                let now = self.model.now();
+                for key in self.model.owing(agent) {
+                    if let Some(seen) = self.seen.get_mut(&key) {
+                        seen.last_failure_notice = Some(now);
+                    }
+                }
+                let resolved = self.ledger.gone(AgentId(agent));
+                let (model_resolved, model) = self.model.gone(agent);
+                assert_eq!(resolved, model_resolved, "gone {agent}: edges resolved");
+                self.gone_edges += u64::from(resolved);
+                self.taken(model, &format!("gone {agent}"));
             }
             Op::Tick { ms } => self.advance(self.model.now() + u64::from(ms % 32)),
             Op::AdvanceTo { ms } => self.advance(u64::from(*ms % 1024)),
@@ -530,7 +557,7 @@ impl Harness {
         }
     }
 
-    /// The decisions `advance` or `fence` queued, and not those of the ready ring (the
+    /// The decisions `advance`, `fence` or `gone` queued, and not those of the ready ring (the
     /// model hands those out at its `poll`).
     fn pull_queued(&mut self) -> Vec<MDecision> {
         (0..self.ledger.queued_decisions())
@@ -770,6 +797,8 @@ impl Harness {
         assert_eq!(e.released, released, "released {ctx}");
         assert_eq!(e.released_forced, forced, "forced releases {ctx}");
         assert_eq!(e.settling, self.model.settling() as u64, "settling {ctx}");
+        assert_eq!(e.fenced_edges, self.fenced_edges, "fenced edges {ctx}");
+        assert_eq!(e.gone_edges, self.gone_edges, "gone edges {ctx}");
         assert!(
             e.settle_released <= e.settle_started
                 && e.settle_started <= e.failed + e.aborted + e.expired,

@@ -13,6 +13,10 @@
 //! of the last clock advance (the only clock there is); once every edge is resolved the
 //! request is decided but keeps its slot and its id until `settle_ms` after the last such
 //! notice — or, if aborted or expired, until its quarantine end if that comes first.
+//!
+//! Rule 9: `gone` resolves an agent's outstanding named edges as a failure notice from
+//! it would, so it is a `fence` that also stamps each request it touches as a failure
+//! notice at the current clock.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::string::{String, ToString};
@@ -372,8 +376,32 @@ impl Model {
         }
     }
 
+    /// Keys of the tracked requests with an outstanding named edge of `agent`.
+    pub(crate) fn owing(&self, agent: u16) -> Vec<u64> {
+        self.live
+            .iter()
+            .filter(|r| match &r.owed {
+                Owed::Edges(edges) => edges.iter().any(|&(a, done)| a == agent && !done),
+                Owed::Count(_) => false,
+            })
+            .map(|r| r.key)
+            .collect()
+    }
+
     /// `agent` can no longer write: its outstanding named edges fail now.
     pub(crate) fn fence(&mut self, agent: u16) -> (u32, Vec<MDecision>) {
+        self.resolve_agent(agent, false)
+    }
+
+    /// `agent` was seen gone: its outstanding named edges fail now, as failure notices
+    /// from it at this clock would (they settle).
+    pub(crate) fn gone(&mut self, agent: u16) -> (u32, Vec<MDecision>) {
+        self.resolve_agent(agent, true)
+    }
+
+    /// Fails every outstanding named edge of `agent`; `settles`: as a failure notice.
+    fn resolve_agent(&mut self, agent: u16, settles: bool) -> (u32, Vec<MDecision>) {
+        let now = self.now;
         let mut resolved = 0;
         let mut decisions = Vec::new();
         let mut at = 0;
@@ -389,6 +417,9 @@ impl Model {
             if hit {
                 resolved += 1;
                 request.failed = true;
+                if settles {
+                    request.last_failure_notice = Some(now);
+                }
                 if request.all_resolved() {
                     let stays = self.drain(at, &mut decisions);
                     at += usize::from(stays);

@@ -3,10 +3,11 @@
 //! the ledger says `Released` overwrites them with reuse stamps.
 //!
 //! Drive loop (every 200 µs): drain notifications into the ledger; heartbeat P every 20 ms;
-//! when a send fails (the transport says P is gone) [`fence`](Ledger::fence) it when the
-//! consumer driver would, [`fence_due_ms`] (`settle_ms` after the disconnect); `advance` the
-//! clock; pull every decision ([`poll_decision`](Ledger::poll_decision)). The first failure
-//! notice, fence or expiry is the run's *event*; D keeps watching until `observe_ms` after
+//! when a send fails (the transport says P is gone) report it to the ledger with
+//! [`gone`](Ledger::gone) at once, as the consumer driver does: P's edge fails now and its
+//! blocks settle for `settle_ms` (no copy of that rule here); `advance` the clock; pull
+//! every decision ([`poll_decision`](Ledger::poll_decision)). The first failure notice,
+//! disconnect or expiry is the run's *event*; D keeps watching until `observe_ms` after
 //! the event and after the release.
 
 use std::sync::Arc;
@@ -20,7 +21,6 @@ use super::lines::{Fields, announce, expect_line};
 use super::spec::{REQUEST_ID, RunSpec, SLACK_PAGES, WRITE_PAGES};
 use super::stamp::StampedPages;
 use super::watch::Watch;
-use kvdrain_driver::consumer::fence_due_ms;
 
 use crate::agent::UcxAgent;
 use crate::testbed::{from_hex, to_hex};
@@ -93,14 +93,13 @@ pub fn run(
     let mut out = Fields::default();
     let (mut event, mut event_us) = ("none", None::<u64>);
     let (mut completed_us, mut failed_us, mut expired_us) = (None, None, None);
-    let (mut notice_us, mut fence_us, mut released_us, mut reused_us) = (None, None, None, None);
-    let (mut disconnect_us, mut fence_at_ms) = (None::<u64>, None::<u64>);
+    let (mut notice_us, mut released_us, mut reused_us) = (None, None, None);
+    let mut disconnect_us = None::<u64>;
     let mut forced = false;
     let mut last_heartbeat = Instant::now();
     let limit = Duration::from_millis(spec.limit_ms());
     let observe = spec.observe_ms * 1000;
     loop {
-        let now = now_us();
         if epoch.elapsed() > limit {
             return Err(format!("D: no end after {limit:?}"));
         }
@@ -121,8 +120,8 @@ pub fn run(
             }
             let _ = ledger.handle_notification(P_AGENT, &bytes);
         }
-        // Heartbeats double as the peer-death probe: a failed send says P is gone; it is
-        // fenced when the consumer driver would fence it.
+        // Heartbeats double as the peer-death probe: a failed send says P is gone, which
+        // the ledger hears at once (its bytes already on the way settle there).
         if disconnect_us.is_none() && last_heartbeat.elapsed() >= HEARTBEAT {
             last_heartbeat = Instant::now();
             if agent
@@ -132,18 +131,17 @@ pub fn run(
             {
                 let at = now_us();
                 disconnect_us = Some(at);
-                fence_at_ms = Some(fence_due_ms(at / 1000, &config));
+                ledger.advance(at / 1000).map_err(|e| format!("{e:?}"))?;
+                let _resolved = ledger.gone(P_AGENT);
                 if event_us.is_none() {
                     (event, event_us) = ("disconnect", Some(at));
                     watch.mark_event(at);
                 }
             }
         }
-        if fence_us.is_none() && fence_at_ms.is_some_and(|due| now / 1000 >= due) {
-            fence_us = Some(now_us());
-            let _resolved = ledger.fence(P_AGENT);
-        }
-        ledger.advance(now / 1000).map_err(|e| format!("{e:?}"))?;
+        ledger
+            .advance(now_us() / 1000)
+            .map_err(|e| format!("{e:?}"))?;
         while let Some(d) = ledger.poll_decision() {
             let at = now_us();
             match d {
@@ -194,7 +192,6 @@ pub fn run(
     .put("event", event)
     .put_opt("notice_after_event_us", rel(notice_us))
     .put_opt("disconnect_after_event_us", rel(disconnect_us))
-    .put_opt("fence_after_event_us", rel(fence_us))
     .put_opt("released_after_event_us", rel(released_us))
     .put("forced_release", forced)
     .put("landed_pages_at_event", w.landed_at_event)
@@ -203,7 +200,6 @@ pub fn run(
     .put_opt("gap_after_event_us", gap(event_us))
     .put_opt("gap_after_notice_us", gap(notice_us))
     .put_opt("gap_after_disconnect_us", gap(disconnect_us))
-    .put_opt("gap_after_fence_us", gap(fence_us))
     .put_opt("gap_after_expiry_us", gap(expired_us))
     .put_opt("gap_after_release_us", gap(released_us))
     .put("violation_pages", w.violation_pages)

@@ -1,7 +1,7 @@
 //! The summary of a series of runs: per fault and transport, the distribution of "last late
 //! byte after the failure event" (failure notice, disconnect or expiry, whichever came
-//! first; and after each of them, and after the fence that follows a disconnect by
-//! `settle_ms`), and the violation count; and the `settle_ms` the measurement supports.
+//! first; and after each of them), and the violation count; and the `settle_ms` the
+//! measurement supports.
 
 use serde::Serialize;
 
@@ -71,8 +71,6 @@ pub struct Cell {
     pub gap_notice: Spread,
     /// The same from the disconnect, over runs where D found P gone.
     pub gap_disconnect: Spread,
-    /// The same from the fence (`settle_ms` after the disconnect), over runs where D fenced P.
-    pub gap_fence: Spread,
     /// The same from the expiry, over runs that expired.
     pub gap_expiry: Spread,
     /// Pages landed after D's reuse stamps, summed.
@@ -131,7 +129,6 @@ impl Summary {
                     gap: gaps("event"),
                     gap_notice: gaps("notice"),
                     gap_disconnect: gaps("disconnect"),
-                    gap_fence: gaps("fence"),
                     gap_expiry: gaps("expiry"),
                     violations: rs.iter().map(|r| r.violations()).sum(),
                     violating_runs: rs.iter().filter(|r| r.violations() > 0).count(),
@@ -186,7 +183,6 @@ impl Summary {
                 ("first event", c.gap),
                 ("notice", c.gap_notice),
                 ("disconnect", c.gap_disconnect),
-                ("fence", c.gap_fence),
                 ("expiry", c.gap_expiry),
             ] {
                 if g.n > 0 {
@@ -253,7 +249,6 @@ struct CellLine<'a> {
     gap_after_event_us: Spread,
     gap_after_notice_us: Spread,
     gap_after_disconnect_us: Spread,
-    gap_after_fence_us: Spread,
     gap_after_expiry_us: Spread,
     violations: u64,
     violating_runs: usize,
@@ -276,7 +271,6 @@ impl CellLine<'_> {
             gap_after_event_us: c.gap,
             gap_after_notice_us: c.gap_notice,
             gap_after_disconnect_us: c.gap_disconnect,
-            gap_after_fence_us: c.gap_fence,
             gap_after_expiry_us: c.gap_expiry,
             violations: c.violations,
             violating_runs: c.violating_runs,

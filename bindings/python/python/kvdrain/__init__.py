@@ -2,7 +2,8 @@
 that prefill producers push into a decode node over NIXL (vLLM push mode).
 
 The consumer side is :class:`Ledger`; the producer side is :class:`PushPlan` (and
-:func:`failure_notices`, :func:`plan_outcomes`); :mod:`kvdrain.vllm` maps both onto vLLM's push worker.
+:func:`failure_notices`, :func:`plan_outcomes`); :mod:`kvdrain.vllm.connector` is the vLLM 0.33
+connector plugin built on both (``KvdrainPushConnector``).
 
 ::
 

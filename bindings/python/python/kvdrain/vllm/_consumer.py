@@ -1,7 +1,14 @@
-"""vLLM's push-mode consumer bookkeeping (decode side), as one object.
+"""Push-mode consumer bookkeeping (decode side) for one rank, engine-neutral.
 
-Each method stands for one place of vLLM 0.33's ``NixlPushConnectorWorker`` (the
-``push_worker.py`` of the NIXL connector) and is called from the same thread:
+:class:`PushConsumer` is the decode side of vLLM's push protocol as one object with no
+vLLM import: registration, a writer-thread batch, an engine-thread step, the transfer
+results, the invalid blocks and the release of fenced blocks. vLLM 0.33 itself does not
+call it: the connector plugin :mod:`kvdrain.vllm.connector` (``KvdrainPushConnector``)
+drives a :class:`kvdrain.Ledger` from vLLM's own worker and scheduler classes. This
+object serves engines with one process per rank and a request-finished hook on the same
+side, tests, and the examples.
+
+Where each method's counterpart sits in vLLM 0.33's push worker and scheduler:
 
 ==============================================  =============================================
 vLLM 0.33 place                                 :class:`PushConsumer` method
@@ -17,16 +24,18 @@ failed requests; metadata dropped)
 ids (``get_block_ids_with_load_errors``)
 request finished / aborted                      :meth:`~PushConsumer.request_finished`
 (blocks freed only when no write can land)      :meth:`~PushConsumer.get_released`
-a producer agent known dead / invalidated       :meth:`~PushConsumer.fence_agent`
+a producer agent lost (dead, connection reset,  :meth:`~PushConsumer.gone_agent`
+metadata invalidated)
+a producer agent proven unable to write         :meth:`~PushConsumer.fence_agent`
 ==============================================  =============================================
 
-What changes against vLLM: the expected count is fixed at registration (from the
-``tp_size``/``pp_size`` of ``kv_transfer_params``) instead of re-read from every message;
-``PUSH_FAIL:`` notices count and fail the request (vLLM PR #50754); duplicates of a
-decided request, unknown ids and garbage bytes never raise and create no state; a request
-that waits past its deadline fails (``expired``); and the blocks of an aborted or expired
-request stay fenced until no write can still land (or ``quarantine_ms`` runs out) — they
-come back through :meth:`~PushConsumer.get_released`.
+What it decides: the expected count is fixed at registration (``pp × max(1, TP //
+world_size)`` from the producer's ``tp_size``/``pp_size``) instead of re-read from every
+message; ``PUSH_FAIL:`` notices count and fail the request; duplicates of a decided
+request, unknown ids and garbage bytes never raise and create no state; a request that
+waits past its deadline fails (``expired``); and the blocks of an aborted, expired or
+failed request stay fenced until no write can still land (or ``quarantine_ms`` runs out)
+— they come back through :meth:`~PushConsumer.get_released`.
 
 Failed requests and settling (rule 8 of the replay spec). A ``PUSH_FAIL:`` may report a
 write that errored after it was posted, and NIXL cannot cancel a posted write: its bytes
@@ -34,10 +43,18 @@ can still land for a while. So a failed request's blocks take two steps:
 
 1. when it fails, :meth:`~PushConsumer.get_transfer_results` names it and
    :meth:`~PushConsumer.get_block_ids_with_load_errors` reports all its blocks (every KV
-   group): they do not hold its KV, the engine applies its load failure policy;
+   group): they do not hold its KV;
 2. they are **not free yet**: :meth:`~PushConsumer.request_finished` returns ``True``
    (delay the free) until ``settle_ms`` after the request's last failure notice, and then
    :meth:`~PushConsumer.get_released` names the request — the blocks may be reused.
+
+A producer seen gone (a failed send or heartbeat, a reset connection, a dead process,
+invalidated metadata) is reported with :meth:`~PushConsumer.gone_agent`, never with
+:meth:`~PushConsumer.fence_agent`: the bytes it had already handed to its transport keep
+landing (measured over UCX TCP: up to 173 ms after a reset), so its outstanding edges fail
+at once, as failure notices from it would, and their blocks settle for ``settle_ms``.
+:meth:`~PushConsumer.fence_agent` is only for a transport that can prove nothing more of
+the producer's can land.
 
 A request that failed only by fences or deadlines needs no settling beyond its quarantine;
 ``settle_ms=0`` is vLLM's behaviour (the blocks are free with the failure). A failure
@@ -222,9 +239,21 @@ class PushConsumer:
         released, self._released = self._released, set()
         return released
 
+    def gone_agent(self, agent: str) -> None:
+        """The transport lost ``agent`` (a failed send or heartbeat, a reset connection,
+        a dead process, invalidated metadata): its outstanding named edges fail now, as
+        failure notices from it would, and their blocks settle for ``settle_ms``, because
+        its bytes already on the way may still land. The settling counts from now (the
+        clock is advanced first), not from the last :meth:`get_new_notifs`."""
+        done: set[str] = set()
+        for d in self.ledger.advance(self.now_ms()) + self.ledger.gone(agent):
+            self._apply(d, done)
+
     def fence_agent(self, agent: str) -> None:
-        """The transport knows ``agent`` can no longer write here (metadata invalidated,
-        peer dead): its outstanding named edges resolve as failed."""
+        """The transport proves ``agent`` can no longer write here: nothing of it is in
+        flight and none of it can land. Its outstanding named edges resolve as failed,
+        with no settling. A peer merely seen gone (dead, reset, metadata invalidated) is
+        :meth:`gone_agent`."""
         done: set[str] = set()
         for d in self.ledger.fence(agent):
             self._apply(d, done)

@@ -1,0 +1,125 @@
+"""The connector plugin's cost next to vLLM 0.33's own push path, in one run, on the real
+worker classes (vLLM's ``NixlPushConnectorWorker`` and the plugin's ``KvdrainPushWorker``,
+built as the scenario suite builds them, with a fake NIXL agent).
+
+Three figures per path, median of ``--repeat`` rounds:
+
+* **step**: one engine step's ``get_transfer_results()`` with ``--pending`` receives
+  outstanding and nothing arriving (what every step pays);
+* **notification**: a batch of ``--batch`` completions, one per request (P TP1 -> D TP1),
+  from the writer thread's round to the step that reports them all finished, per
+  notification;
+* **registration**: ``start_load_kv`` of ``--batch`` receives, per request.
+
+Usage: .venv-vllm/bin/python bench/python/bench_vllm.py [--batch N] [--pending N] [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "bindings", "python", "tests_vllm"))
+
+import harness  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (  # noqa: E402
+    NixlConnectorMetadata,
+    RemoteMeta,
+    ReqMeta,
+)
+
+from kvdrain.vllm._settings import Settings  # noqa: E402
+
+
+def metadata(ids: list[str]) -> NixlConnectorMetadata:
+    meta = NixlConnectorMetadata()
+    for i, rid in enumerate(ids):
+        meta.reqs_to_recv[rid] = ReqMeta(
+            local_block_ids=([i % harness.NUM_BLOCKS],),
+            local_physical_block_ids=([i % harness.NUM_BLOCKS],),
+            tp_size=1,
+            remote=RemoteMeta(
+                block_ids=(), host="127.0.0.1", port=5600, engine_id=harness.P_ENGINE,
+                request_id=f"p-{rid}",
+            ),
+        )
+    return meta
+
+
+def worker(which: str, capacity: int) -> object:
+    cfg = harness.vllm_config(which, tp=1)
+    return harness.make_worker(
+        which,
+        cfg,
+        tp_rank=0,
+        world_size=1,
+        engine_id=harness.D_ENGINE,
+        remote_engine=harness.P_ENGINE,
+        remote_tp=1,
+        remote_agents={(0, 0): "P0"},
+        clock=harness.Clock(),
+        settings=Settings(480_000, 60_000, 5_000, capacity),
+    )
+
+
+def measure(which: str, batch: int, pending: int, repeat: int) -> dict[str, float]:
+    w = worker(which, capacity=pending + batch + 16)
+    # Requests that stay outstanding for the whole run (never completed).
+    w.start_load_kv(metadata([f"idle-{i}" for i in range(pending)]))
+    step_ns: list[float] = []
+    notif_ns: list[float] = []
+    reg_ns: list[float] = []
+    for r in range(repeat):
+        ids = [f"r{r}-{i}" for i in range(batch)]
+        meta = metadata(ids)
+        t0 = time.perf_counter_ns()
+        w.start_load_kv(meta)
+        t1 = time.perf_counter_ns()
+        reg_ns.append((t1 - t0) / batch)
+        w.nixl_wrapper.deliver({"P0": [f"{rid}:1".encode() for rid in ids]})
+        t0 = time.perf_counter_ns()
+        harness.writer_round(w)
+        res = w.get_transfer_results()
+        t1 = time.perf_counter_ns()
+        assert res.finished_recving == set(ids), (which, len(res.finished_recving))
+        notif_ns.append((t1 - t0) / batch)
+        t0 = time.perf_counter_ns()
+        for _ in range(100):
+            res = w.get_transfer_results()
+        t1 = time.perf_counter_ns()
+        assert not res.finished_recving
+        step_ns.append((t1 - t0) / 100)
+    return {
+        "step_us": statistics.median(step_ns) / 1000,
+        "notification_us": statistics.median(notif_ns) / 1000,
+        "registration_us": statistics.median(reg_ns) / 1000,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--pending", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=30)
+    a = ap.parse_args()
+    out = {}
+    for which in (harness.CONTROL, harness.PLUGIN, harness.CONTROL, harness.PLUGIN):
+        out[which] = measure(which, a.batch, a.pending, a.repeat)  # the second measurement of each is kept (the first warms up)
+    print(f"vLLM 0.33.0 push worker, batch {a.batch}, {a.pending} receives pending, "
+          f"median of {a.repeat}")
+    print(f"{'':28}{'vLLM 0.33':>12}{'plugin':>12}{'plugin/vLLM':>14}")
+    for key, label in (
+        ("step_us", "engine step (us)"),
+        ("notification_us", "per notification (us)"),
+        ("registration_us", "per registration (us)"),
+    ):
+        c, p = out[harness.CONTROL][key], out[harness.PLUGIN][key]
+        print(f"{label:28}{c:12.2f}{p:12.2f}{p / c:13.2f}x")
+
+
+if __name__ == "__main__":
+    main()

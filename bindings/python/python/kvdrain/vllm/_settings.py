@@ -1,0 +1,79 @@
+"""The plugin's settings, read from ``kv_transfer_config.kv_connector_extra_config``.
+
+Pure Python (no vLLM import), so the defaults can be checked without vLLM installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvdrain._errors import ConfigError
+
+__all__ = ["Settings", "settings_from_extra_config"]
+
+# vLLM 0.33's own defaults for the knobs the plugin derives from.
+VLLM_LEASE_S = 30
+"""``kv_lease_duration``: how long a producer holds its source blocks (s)."""
+VLLM_DECODER_KV_BLOCKS_TTL_S = 480
+"""``decoder_kv_blocks_ttl``: the default of ``push_registration_timeout`` (s)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one rank's ledger is built with.
+
+    ``deadline_ms``: a receive that has not resolved by then fails (``expired``);
+    vLLM's ``push_registration_timeout`` unless ``kvdrain_deadline_ms`` is given.
+    ``quarantine_ms``: the longest the blocks of an aborted or expired request stay
+    fenced; twice the producers' ``kv_lease_duration`` unless ``kvdrain_quarantine_ms``
+    is given (it must stay above the lease: a producer may write until its lease ends).
+    ``settle_ms``: how long a failed request's blocks stay fenced after its last failure
+    notice (a write that errored after posting may still land); ``kvdrain_settle_ms``.
+    ``capacity``: requests one rank tracks at once (``kvdrain_capacity``).
+    """
+
+    deadline_ms: int
+    quarantine_ms: int
+    settle_ms: int
+    capacity: int
+
+
+def _int(extra: Mapping[str, Any], key: str, default: int) -> int:
+    value = extra.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    try:
+        number = int(float(value))
+    except ValueError as e:
+        raise ConfigError(f"{key} must be a number, got {value!r}") from e
+    if number < 0:
+        raise ConfigError(f"{key} must not be negative, got {number}")
+    return number
+
+
+def settings_from_extra_config(extra: Mapping[str, Any] | None) -> Settings:
+    """The settings for ``kv_connector_extra_config`` ``extra`` (``None``: defaults).
+
+    Raises :class:`~kvdrain.ConfigError` for a value that is not a non-negative number,
+    or a quarantine at or below the producers' lease.
+    """
+    extra = extra or {}
+    lease_s = _int(extra, "kv_lease_duration", VLLM_LEASE_S)
+    ttl_s = _int(extra, "decoder_kv_blocks_ttl", VLLM_DECODER_KV_BLOCKS_TTL_S)
+    registration_s = _int(extra, "push_registration_timeout", ttl_s)
+    settings = Settings(
+        deadline_ms=_int(extra, "kvdrain_deadline_ms", registration_s * 1000),
+        quarantine_ms=_int(extra, "kvdrain_quarantine_ms", 2 * lease_s * 1000),
+        settle_ms=_int(extra, "kvdrain_settle_ms", 5_000),
+        capacity=_int(extra, "kvdrain_capacity", 4096),
+    )
+    if settings.quarantine_ms <= lease_s * 1000:
+        raise ConfigError(
+            f"kvdrain_quarantine_ms={settings.quarantine_ms} must be above the producers' "
+            f"kv_lease_duration ({lease_s} s): a producer may write until its lease ends"
+        )
+    if settings.deadline_ms == 0 or settings.capacity == 0:
+        raise ConfigError("kvdrain_deadline_ms and kvdrain_capacity must be at least 1")
+    return settings

@@ -1,0 +1,47 @@
+"""The connector plugin's settings from ``kv_connector_extra_config`` (no vLLM needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+import kvdrain
+from kvdrain.vllm import Settings, settings_from_extra_config
+
+
+def test_defaults_follow_vllm_knobs() -> None:
+    assert settings_from_extra_config(None) == Settings(
+        deadline_ms=480_000, quarantine_ms=60_000, settle_ms=5_000, capacity=4096
+    )
+
+
+def test_derived_from_vllm_lease_and_registration_timeout() -> None:
+    s = settings_from_extra_config({"kv_lease_duration": 45, "push_registration_timeout": 120})
+    assert s.deadline_ms == 120_000
+    assert s.quarantine_ms == 90_000
+
+
+def test_decoder_ttl_is_the_registration_timeout_default() -> None:
+    assert settings_from_extra_config({"decoder_kv_blocks_ttl": 60}).deadline_ms == 60_000
+
+
+def test_explicit_settings_win() -> None:
+    s = settings_from_extra_config(
+        {"kvdrain_deadline_ms": 7, "kvdrain_quarantine_ms": 40_000, "kvdrain_settle_ms": 0,
+         "kvdrain_capacity": "16"}
+    )
+    assert s == Settings(deadline_ms=7, quarantine_ms=40_000, settle_ms=0, capacity=16)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"kvdrain_quarantine_ms": 30_000},  # not above the 30 s lease
+        {"kvdrain_settle_ms": -1},
+        {"kvdrain_settle_ms": "soon"},
+        {"kvdrain_capacity": 0},
+        {"kvdrain_deadline_ms": True},
+    ],
+)
+def test_bad_settings_raise_config_error(extra: dict[str, object]) -> None:
+    with pytest.raises(kvdrain.ConfigError):
+        settings_from_extra_config(extra)

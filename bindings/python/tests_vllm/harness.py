@@ -1,0 +1,625 @@
+"""vLLM 0.33's real scheduler and push worker classes on a CPU, with a fake NIXL agent.
+
+The scheduler is vLLM's own ``Scheduler`` with its real KV cache manager and block pool,
+built from a tiny local model config; its connector comes from vLLM's connector factory
+(``kv_connector`` + ``kv_connector_module_path``), so the plugin loads the way a
+deployment loads it. The workers are the real worker classes (vLLM's
+``NixlPushConnectorWorker`` or the plugin's ``KvdrainPushWorker``) built the way vLLM's
+own unit tests build them: ``object.__new__`` and the attributes the methods under test
+read, with :class:`FakeNixl` in place of the NIXL agent. Worker outputs reach the
+scheduler through vLLM's ``KVOutputAggregator``, and ``Scheduler.update_from_output``
+applies them: every assert of the scheduler's runs.
+
+Test set-up only: selecting vLLM's CPU platform is done here, never in the plugin.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import queue
+import tempfile
+import threading
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import vllm.platforms as _platforms
+from vllm.platforms.cpu import CpuPlatform
+
+_platforms._current_platform = CpuPlatform()  # test set-up: no GPU here
+
+import torch  # noqa: E402
+from vllm.config import (  # noqa: E402
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.distributed.kv_transfer.kv_connector.utils import (  # noqa: E402
+    EngineTransferInfo,
+    KVOutputAggregator,
+    TransferTopology,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+    KVConnectorTransferResults,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (  # noqa: E402
+    NixlPushConnectorWorker,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (  # noqa: E402
+    NixlKVConnectorStats,
+)
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from kvdrain.vllm._settings import Settings  # noqa: E402
+from kvdrain.vllm.connector import KvdrainPushWorker  # noqa: E402
+
+BLOCK_SIZE = 32  # the CPU attention backend wants a multiple of 32
+NUM_BLOCKS = 64
+P_ENGINE = "engine-P"
+D_ENGINE = "engine-D"
+
+PLUGIN = "plugin"
+CONTROL = "control"
+CONNECTORS = {
+    PLUGIN: ("KvdrainPushConnector", "kvdrain.vllm.connector"),
+    CONTROL: ("NixlPushConnector", None),
+}
+
+
+def _model_dir() -> str:
+    d = Path(tempfile.gettempdir()) / "kvdrain-tests-vllm-tiny-llama"
+    d.mkdir(exist_ok=True)
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 2,
+        "vocab_size": 256,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "torch_dtype": "float32",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
+def vllm_config(
+    which: str,
+    *,
+    tp: int = 1,
+    role: str = "kv_consumer",
+    policy: str = "fail",
+    extra: dict[str, Any] | None = None,
+) -> VllmConfig:
+    name, module = CONNECTORS[which]
+    kv = KVTransferConfig(
+        kv_connector=name,
+        kv_connector_module_path=module,
+        kv_role=role,
+        kv_buffer_device="cpu",
+        engine_id=D_ENGINE if role == "kv_consumer" else P_ENGINE,
+        kv_load_failure_policy=policy,
+        kv_connector_extra_config=dict(extra or {}),
+    )
+    model = ModelConfig(model=_model_dir(), skip_tokenizer_init=True, dtype="float32")
+    cfg = VllmConfig(
+        model_config=model,
+        cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False),
+        scheduler_config=SchedulerConfig(
+            max_model_len=4096,
+            is_encoder_decoder=False,
+            max_num_batched_tokens=4096,
+            max_num_seqs=16,
+        ),
+        device_config=DeviceConfig(device="cpu"),
+        kv_transfer_config=kv,
+    )
+    cfg.parallel_config.tensor_parallel_size = tp
+    cfg.cache_config.num_gpu_blocks = NUM_BLOCKS
+    return cfg
+
+
+def kv_cache_config() -> KVCacheConfig:
+    spec = FullAttentionSpec(
+        block_size=BLOCK_SIZE, num_kv_heads=4, head_size=16, dtype=torch.float32
+    )
+    return KVCacheConfig(
+        num_blocks=NUM_BLOCKS,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn", "model.layers.1.self_attn"], spec)],
+    )
+
+
+def make_scheduler(which: str, *, tp: int = 1, policy: str = "fail", extra: dict[str, Any] | None = None) -> Scheduler:
+    cfg = vllm_config(which, tp=tp, policy=policy, extra=extra)
+    return Scheduler(
+        vllm_config=cfg,
+        kv_cache_config=kv_cache_config(),
+        structured_output_manager=StructuredOutputManager(cfg),
+        block_size=BLOCK_SIZE,
+        log_stats=False,
+    )
+
+
+def d_request(rid: str, *, p_tp: int, pp: int = 1, num_tokens: int = 3 * BLOCK_SIZE) -> Request:
+    """A decode request whose prompt's KV a producer engine pushes."""
+    params = {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_engine_id": P_ENGINE,
+        "remote_request_id": f"p-{rid}",
+        "remote_host": "127.0.0.1",
+        "remote_port": 5600,
+        "remote_block_ids": [],
+        "tp_size": p_tp,
+        "pp_size": pp,
+        "transfer_mode": "push",
+    }
+    return Request(
+        request_id=rid,
+        prompt_token_ids=list(range(10, 10 + num_tokens)),
+        sampling_params=SamplingParams(max_tokens=4, extra_args={"kv_transfer_params": params}),
+        pooling_params=None,
+    )
+
+
+class FakeNixl:
+    """Stands in for vLLM's NIXL wrapper: records every notification sent, delivers the
+    batches a test queues, and reports the transfer states a test sets."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+        self.batches: queue.Queue[dict[str, list[bytes]]] = queue.Queue()
+        self.states: dict[int, str | BaseException] = {}
+        self.posted: list[tuple[int, bytes]] = []
+        self.fail_posts = 0
+        self.released: list[int] = []
+        self.removed_agents: list[str] = []
+        self._next = 100
+
+    def deliver(self, batch: dict[str, list[bytes]]) -> None:
+        self.batches.put(batch)
+
+    def get_new_notifs(self) -> dict[str, list[bytes]]:
+        try:
+            return self.batches.get_nowait()
+        except queue.Empty:
+            return {}
+
+    def send_notif(self, agent: str, notif_msg: bytes) -> None:
+        self.sent.append((agent, notif_msg))
+
+    def make_prepped_xfer(self, op: str, *args: Any, notif_msg: bytes = b"") -> int:
+        if self.fail_posts:
+            self.fail_posts -= 1
+            raise RuntimeError("nixlBackendError: cannot post")
+        self._next += 1
+        self.posted.append((self._next, notif_msg))
+        self.states[self._next] = "PROC"
+        return self._next
+
+    def transfer(self, handle: int) -> str:
+        return "PROC"
+
+    def check_xfer_state(self, handle: int) -> str:
+        state = self.states[handle]
+        if isinstance(state, BaseException):
+            raise state
+        return state
+
+    def get_xfer_telemetry(self, handle: int) -> None:
+        return None
+
+    def release_xfer_handle(self, handle: int) -> None:
+        self.released.append(handle)
+
+    def release_dlist_handle(self, handle: int) -> None:
+        pass
+
+    def remove_remote_agent(self, agent: str) -> None:
+        self.removed_agents.append(agent)
+
+
+class nixlNotFoundError(RuntimeError):  # noqa: N801 - NIXL's own exception name
+    """What NIXL's status call raises for a handle whose remote metadata is gone."""
+
+
+class nixlBackendError(RuntimeError):  # noqa: N801
+    """What NIXL's status call raises for a backend failure."""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance_ms(self, ms: int) -> None:
+        self.t += ms / 1000
+
+
+def make_worker(
+    which: str,
+    cfg: VllmConfig,
+    *,
+    tp_rank: int,
+    world_size: int,
+    engine_id: str,
+    remote_engine: str,
+    remote_tp: int,
+    remote_agents: dict[tuple[int, int], str],
+    clock: Clock,
+    settings: Settings | None = None,
+) -> NixlPushConnectorWorker:
+    """One real worker (``NixlPushConnectorWorker`` or ``KvdrainPushWorker``), built as
+    vLLM's unit tests build theirs: no NIXL agent, no GPU, no distributed state."""
+    cls = KvdrainPushWorker if which == PLUGIN else NixlPushConnectorWorker
+    w = object.__new__(cls)
+    nixl = FakeNixl()
+    kv_cfg = cfg.kv_transfer_config
+    assert kv_cfg is not None
+    attrs: dict[str, Any] = dict(
+        vllm_config=cfg,
+        kv_transfer_config=kv_cfg,
+        kv_cache_config=kv_cache_config(),
+        nixl_wrapper=nixl,
+        engine_id=engine_id,
+        tp_rank=tp_rank,
+        world_size=world_size,
+        pcp_size=1,
+        dcp_size=1,
+        pcp_rank=0,
+        pcp_dcp_sharded=False,
+        transfer_tp_size=world_size,
+        transfer_tp_rank=tp_rank,
+        pp_size=1,
+        block_size=BLOCK_SIZE,
+        num_blocks=NUM_BLOCKS,
+        use_mla=False,
+        use_host_buffer=False,
+        _has_mamba=False,
+        _is_csa_linear=False,
+        _is_hma_required=False,
+        _physical_blocks_per_logical_kv_block=1,
+        enable_permute_local_kv=False,
+        enable_heterogeneous_attn_post_process=False,
+        _remote_agents=defaultdict(dict, {remote_engine: dict(remote_agents)}),
+        _engine_last_active={},
+        _engine_by_address={},
+        _failed_remote_engines=set(),
+        _invalid_remote_engines=set(),
+        _invalid_engine_backoff={},
+        _engine_clock_offset={},
+        _engine_ttl=0,
+        _handshake_lock=threading.RLock(),
+        _handshake_futures={},
+        _recving_metadata={},
+        _recving_transfers=defaultdict(list),
+        _reqs_to_send={},
+        _reqs_to_process=set(),
+        _replicated_pcp_done_sending=set(),
+        _invalid_block_ids=queue.Queue(),
+        _failed_recv_reqs=queue.Queue(),
+        _recv_failures=set(),
+        _pending_recv_notifs={},
+        consumer_notification_counts_by_req=defaultdict(int),
+        expected_consumer_notifications_by_req={},
+        xfer_stats=NixlKVConnectorStats(),
+        _lease_extension=20,
+        _hb_handshake_notif_only=True,
+        _sending_transfers=defaultdict(list),
+        _send_failures=set(),
+        _sending_transfers_lock=threading.Lock(),
+        _push_finished_blocks={},
+        _pending_d_registrations={},
+        _reg_send_inbox=queue.Queue(),
+        _finished_blocks_inbox=queue.Queue(),
+        _pending_completion_notifs=queue.Queue(),
+        _evict_finished_inbox=queue.Queue(),
+        _deferred_push_inbox=queue.Queue(),
+        _push_writer_wake=threading.Event(),
+        _push_writer_stop=threading.Event(),
+        _push_writer_thread=None,
+        dst_xfer_side_handles=defaultdict(dict),
+        kv_caches_base_addr=defaultdict(dict),
+        dst_num_blocks={},
+        dst_region_num_blocks={},
+        dst_region_group_ids={},
+        dst_uses_region_group_mapping={},
+        dst_region_mem_types={},
+        tp_mappings={},
+        draft_tp_mappings={},
+        region_group_ids=[],
+        _uses_region_group_mapping=False,
+        _transfer_layer_group_ids=(),
+        num_regions=0,
+        block_len_per_layer=[1024],
+        src_xfer_handles_by_block_size={BLOCK_SIZE: 7},
+        src_xfer_handles_by_tp_ratio={},
+    )
+    for k, v in attrs.items():
+        setattr(w, k, v)
+    topo = TransferTopology(
+        tp_rank=tp_rank,
+        tp_size=world_size,
+        block_size=BLOCK_SIZE,
+        engine_id=engine_id,
+        is_mla=False,
+        is_mamba=False,
+        total_num_kv_heads=4,
+        attn_backends=[],
+    )
+    topo.register_remote_engine(
+        remote_engine,
+        EngineTransferInfo(
+            remote_tp_size=remote_tp,
+            remote_block_len=1024,
+            remote_block_size=BLOCK_SIZE,
+            remote_physical_blocks_per_logical=1,
+        ),
+    )
+    w.transfer_topo = topo
+    if isinstance(w, KvdrainPushWorker):
+        w.kvdrain_setup(settings or Settings(60_000, 60_000, 5_000, 256), clock=clock)
+    return w
+
+
+def writer_round(w: NixlPushConnectorWorker) -> None:
+    """One round of the worker's writer thread, run inline (deterministic): the plugin's
+    own round, or the body of vLLM's writer loop step 4 for vLLM's worker."""
+    if isinstance(w, KvdrainPushWorker):
+        w._kvdrain_writer_round()
+        return
+    # vLLM 0.33's writer thread does exactly this with each batch (its loop step 4),
+    # after draining its inboxes; the registration inbox only queues PUSH_REG sends.
+    for notifs in w.nixl_wrapper.get_new_notifs().values():
+        for notif in notifs:
+            if not notif.startswith(b"PUSH_REG:"):
+                w._pending_completion_notifs.put(notif)
+
+
+@dataclass
+class Step:
+    """What the scheduler saw in one step."""
+
+    finished_recving: set[str] = field(default_factory=set)
+    failed_recving: set[str] = field(default_factory=set)
+    invalid_block_ids: set[int] = field(default_factory=set)
+    per_rank_recving: list[set[str]] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+class DecodeEngine:
+    """One decode engine: vLLM's real scheduler (plugin or vLLM connector by
+    ``which``), ``tp`` real workers and vLLM's aggregator between them."""
+
+    def __init__(
+        self,
+        which: str,
+        *,
+        tp: int = 1,
+        p_tp: int = 1,
+        policy: str = "fail",
+        settings: Settings | None = None,
+        p_agents: dict[tuple[int, int], str] | None = None,
+    ) -> None:
+        self.which = which
+        self.clock = Clock()
+        self.scheduler = make_scheduler(which, tp=tp, policy=policy)
+        cfg = self.scheduler.vllm_config
+        agents = p_agents or {(0, r): f"P{r}" for r in range(p_tp)}
+        self.workers = [
+            make_worker(
+                which,
+                cfg,
+                tp_rank=r,
+                world_size=tp,
+                engine_id=D_ENGINE,
+                remote_engine=P_ENGINE,
+                remote_tp=p_tp,
+                remote_agents=agents,
+                clock=self.clock,
+                settings=settings,
+            )
+            for r in range(tp)
+        ]
+        self.aggregator = KVOutputAggregator(tp)
+        self.reported: list[list[str]] = [[] for _ in range(tp)]
+        self.freed_at: dict[str, int] = {}
+        self.steps = 0
+        self.pending_output: list[KVConnectorOutput] | None = None
+        self._last: SchedulerOutput | None = None
+
+    # -- scheduler -------------------------------------------------------------------- #
+
+    def free_blocks(self) -> int:
+        return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def add(self, req: Request) -> None:
+        self.scheduler.add_request(req)
+
+    def status(self, rid: str) -> RequestStatus | None:
+        req = self.scheduler.requests.get(rid)
+        return None if req is None else req.status
+
+    def abort(self, rid: str) -> None:
+        self.scheduler.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+
+    def step(self, deliver: dict[int, dict[str, list[bytes]]] | None = None) -> Step:
+        """One engine step: schedule, every worker runs the step's metadata, takes its
+        batch (``deliver[rank]``) on its writer thread and reports; the aggregate goes
+        to ``update_from_output``. An exception (an assert of vLLM's) is returned in
+        ``Step.error``."""
+        self.steps += 1
+        seen = Step()
+        out = self.scheduler.schedule()
+        meta = out.kv_connector_metadata
+        outputs = []
+        try:
+            for rank, w in enumerate(self.workers):
+                w.start_load_kv(copy.deepcopy(meta))  # each rank has its own copy
+                if deliver and rank in deliver:
+                    w.nixl_wrapper.deliver(deliver[rank])
+                writer_round(w)
+                res: KVConnectorTransferResults = w.get_transfer_results()
+                invalid = w.get_block_ids_with_load_errors()
+                self.reported[rank].extend(sorted(res.finished_recving))
+                seen.per_rank_recving.append(set(res.finished_recving))
+                kvo = KVConnectorOutput(
+                    finished_sending=res.finished_sending or None,
+                    finished_recving=res.finished_recving or None,
+                    failed_recving=res.failed_recving,
+                    invalid_block_ids=invalid,
+                )
+                ids = list(out.num_scheduled_tokens)
+                mro = ModelRunnerOutput(
+                    req_ids=ids,
+                    req_id_to_index={r: i for i, r in enumerate(ids)},
+                    sampled_token_ids=[[7] for _ in ids],
+                    kv_connector_output=kvo,
+                )
+                outputs.append(mro)
+        except Exception as e:  # noqa: BLE001 - the control's failures are the point
+            seen.error = e
+            return seen
+        agg = self.aggregator.aggregate(outputs)
+        assert agg is not None and agg.kv_connector_output is not None
+        kvo = agg.kv_connector_output
+        seen.finished_recving = set(kvo.finished_recving or ())
+        seen.failed_recving = set(kvo.failed_recving or ())
+        seen.invalid_block_ids = set(kvo.invalid_block_ids or ())
+        before = set(self.scheduler.requests)
+        try:
+            self.scheduler.update_from_output(out, agg)
+        except Exception as e:  # noqa: BLE001
+            seen.error = e
+        for rid in before - set(self.scheduler.requests):
+            self.freed_at.setdefault(rid, self.steps)
+        return seen
+
+    def run(self, n: int) -> list[Step]:
+        return [self.step() for _ in range(n)]
+
+
+def completion(rid: str, p_tp: int) -> bytes:
+    return f"{rid}:{p_tp}".encode()
+
+
+def push_fail(rid: str, p_tp: int) -> bytes:
+    return f"PUSH_FAIL:{rid}:{p_tp}".encode()
+
+
+def sources(d_rank: int, d_tp: int, p_tp: int) -> list[int]:
+    """The producer ranks that write consumer rank ``d_rank`` (non-MLA)."""
+    if p_tp >= d_tp:
+        k = p_tp // d_tp
+        return [d_rank * k + i for i in range(k)]
+    return [d_rank // (d_tp // p_tp)]
+
+
+def all_completions(rid: str, *, d_tp: int, p_tp: int, pp: int = 1) -> dict[int, dict[str, list[bytes]]]:
+    """Every completion each consumer rank receives for ``rid``, per sender agent."""
+    out: dict[int, dict[str, list[bytes]]] = {}
+    for d in range(d_tp):
+        batch: dict[str, list[bytes]] = {}
+        for stage in range(pp):
+            for p in sources(d, d_tp, p_tp):
+                batch[f"P{p}" if pp == 1 else f"P{stage}.{p}"] = [completion(rid, p_tp)]
+        out[d] = batch
+    return out
+
+
+def split(batches: dict[int, dict[str, list[bytes]]], keep: Iterable[str]) -> dict[int, dict[str, list[bytes]]]:
+    keep = set(keep)
+    return {d: {a: m for a, m in b.items() if a in keep} for d, b in batches.items()}
+
+
+
+class ProducerRank:
+    """One producer (prefill) worker rank pushing one request's KV to a decode engine of
+    ``d_tp`` ranks, through vLLM's real ``_xfer_blocks_for_req`` (topology, descriptors,
+    posting, publication), polled by the real ``get_transfer_results``."""
+
+    def __init__(self, which: str, *, p_tp: int = 1, tp_rank: int = 0, d_tp: int = 1) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.tp_mapping import (
+            compute_tp_mapping,
+        )
+
+        self.clock = Clock()
+        cfg = vllm_config(which, tp=p_tp, role="kv_producer")
+        self.d_agents = {(0, d): f"D{d}" for d in range(d_tp)}
+        w = make_worker(
+            which,
+            cfg,
+            tp_rank=tp_rank,
+            world_size=p_tp,
+            engine_id=P_ENGINE,
+            remote_engine=D_ENGINE,
+            remote_tp=d_tp,
+            remote_agents=self.d_agents,
+            clock=self.clock,
+        )
+        assert w.transfer_topo is not None
+        w._group_spec_types = (FullAttentionSpec,)
+        w.tp_mappings[D_ENGINE] = compute_tp_mapping(w.transfer_topo, d_tp, (FullAttentionSpec,))
+        w.dst_xfer_side_handles[D_ENGINE] = {d: 50 + d for d in range(d_tp)}
+        ratio = w.transfer_topo.tp_ratio(d_tp)
+        if ratio < 0:
+            w.src_xfer_handles_by_tp_ratio[(ratio, BLOCK_SIZE)] = [60 + i for i in range(-ratio)]
+        for eid in (D_ENGINE, P_ENGINE):
+            w.dst_num_blocks[eid] = NUM_BLOCKS
+            w.dst_region_num_blocks[eid] = None
+            w.dst_region_group_ids[eid] = []
+            w.dst_uses_region_group_mapping[eid] = False
+        self.w = w
+        self.nixl: FakeNixl = w.nixl_wrapper
+        self.which = which
+
+    def push(self, p_rid: str, d_rid: str, *, lease_s: float = 30.0) -> list[int]:
+        """The writer thread's WRITE for ``p_rid`` into D's request ``d_rid``; returns the
+        handles posted."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (
+            RemoteMeta,
+            ReqMeta,
+        )
+
+        import time as _time
+
+        self.w._reqs_to_send[p_rid] = _time.perf_counter() + lease_s
+        self.w._reqs_to_process.add(p_rid)
+        meta = ReqMeta(
+            local_block_ids=([1, 2, 3],),
+            local_physical_block_ids=([1, 2, 3],),
+            tp_size=self.w.world_size,
+            remote=RemoteMeta(
+                block_ids=([4, 5, 6],), host="", port=0, engine_id=D_ENGINE, request_id=d_rid
+            ),
+        )
+        before = {h for h, _ in self.nixl.posted}
+        self.w._xfer_blocks_for_req(p_rid, meta)
+        return [h for h, _ in self.nixl.posted if h not in before]
+
+    def results(self) -> KVConnectorTransferResults:
+        return self.w.get_transfer_results()

@@ -1,0 +1,474 @@
+"""Decode-side scenarios on vLLM 0.33.0's real scheduler and push worker classes.
+
+Every scenario runs twice (``which``): through the plugin (``KvdrainPushConnector``,
+loaded by vLLM's connector factory from ``kvdrain.vllm.connector``) and through vLLM's
+own ``NixlPushConnector`` as a negative control, which asserts 0.33's failure in the same
+scenario (a hang, a leak, an early completion, an exception). What is asserted is what
+the scheduler sees: ``finished_recving``, ``failed_recving``, the invalid block ids, the
+request's status and when its blocks return to the scheduler's block pool.
+"""
+
+from __future__ import annotations
+
+import pytest
+from harness import (
+    CONTROL,
+    PLUGIN,
+    P_ENGINE,
+    DecodeEngine,
+    Step,
+    all_completions,
+    completion,
+    d_request,
+    push_fail,
+)
+from vllm.v1.request import RequestStatus
+
+from kvdrain.vllm._settings import Settings
+
+BOTH = pytest.mark.parametrize("which", [PLUGIN, CONTROL])
+BLOCKS = 3  # a request of 3 * BLOCK_SIZE prompt tokens holds 3 blocks
+SETTLE_MS = 5_000
+QUARANTINE_MS = 60_000
+DEADLINE_MS = 30_000
+SETTINGS = Settings(DEADLINE_MS, QUARANTINE_MS, SETTLE_MS, 256)
+
+
+def engine(which: str, **kw: object) -> DecodeEngine:
+    kw.setdefault("settings", SETTINGS)
+    return DecodeEngine(which, **kw)  # type: ignore[arg-type]
+
+
+def registered(e: DecodeEngine, rid: str, *, p_tp: int, pp: int = 1) -> int:
+    """Adds ``rid`` and runs the step that allocates its blocks and sends its PUSH_REG.
+    Returns the pool's free blocks with the request holding its blocks."""
+    total = e.free_blocks()
+    e.add(d_request(rid, p_tp=p_tp, pp=pp))
+    s = e.step()
+    assert s.error is None
+    assert e.status(rid) == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert e.free_blocks() == total - BLOCKS
+    return total
+
+
+def no_double_reports(e: DecodeEngine) -> None:
+    """No rank reported a request twice (vLLM's scheduler asserts on that)."""
+    for rank in e.reported:
+        assert len(rank) == len(set(rank)), rank
+
+
+def request_blocks(e: DecodeEngine, rid: str) -> set[int]:
+    (ids,) = e.scheduler.kv_cache_manager.get_block_ids(rid)
+    return set(ids)
+
+
+def wait_steps(e: DecodeEngine, n: int = 4) -> list[Step]:
+    out = e.run(n)
+    for s in out:
+        assert s.error is None, s.error
+    return out
+
+
+# -- completion ------------------------------------------------------------------------ #
+
+TOPOLOGIES = [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (4, 2)]
+
+
+@BOTH
+@pytest.mark.parametrize(("p_tp", "d_tp"), TOPOLOGIES)
+def test_completion(which: str, p_tp: int, d_tp: int) -> None:
+    e = engine(which, tp=d_tp, p_tp=p_tp)
+    registered(e, "r", p_tp=p_tp)
+    notices = all_completions("r", d_tp=d_tp, p_tp=p_tp)
+    if p_tp > d_tp:  # every rank still misses one of its producers: nothing yet
+        partial = {d: dict(list(b.items())[:-1]) for d, b in notices.items()}
+        rest = {d: dict(list(b.items())[-1:]) for d, b in notices.items()}
+        s = e.step(partial)
+        assert s.error is None and s.finished_recving == set()
+        assert e.status("r") == RequestStatus.WAITING_FOR_REMOTE_KVS
+        notices = rest
+    s = e.step(notices)
+    assert s.error is None
+    assert s.finished_recving == {"r"} and s.failed_recving == set()
+    assert s.invalid_block_ids == set()
+    wait_steps(e, 2)
+    assert e.status("r") == RequestStatus.RUNNING
+    no_double_reports(e)
+
+
+@BOTH
+def test_completion_pipeline_parallel_waits_for_every_stage(which: str) -> None:
+    e = engine(which, tp=1, p_tp=1, p_agents={(0, 0): "P0.0", (1, 0): "P1.0"})
+    registered(e, "r", p_tp=1, pp=2)
+    s = e.step({0: {"P0.0": [completion("r", 1)]}})
+    assert s.error is None and s.finished_recving == set()
+    s = e.step({0: {"P1.0": [completion("r", 1)]}})
+    assert s.finished_recving == {"r"}
+    no_double_reports(e)
+
+
+# -- PUSH_FAIL (C2, F1) ---------------------------------------------------------------- #
+
+
+@BOTH
+@pytest.mark.parametrize("order", ["fail_first", "fail_last"])
+def test_push_fail_and_a_sibling(which: str, order: str) -> None:
+    """P TP2 -> D TP1: producer rank 0 could not post its WRITE and sends PUSH_FAIL,
+    rank 1's write lands. The plugin fails the request once both edges are in (never
+    on the first); vLLM 0.33 reads ``PUSH_FAIL:r`` as an unknown id and waits forever."""
+    e = engine(which, tp=1, p_tp=2)
+    total = registered(e, "r", p_tp=2)
+    blocks = request_blocks(e, "r")
+    first, second = (
+        ({"P0": [push_fail("r", 2)]}, {"P1": [completion("r", 2)]})
+        if order == "fail_first"
+        else ({"P1": [completion("r", 2)]}, {"P0": [push_fail("r", 2)]})
+    )
+    s = e.step({0: first})
+    assert s.error is None and s.finished_recving == set() and s.invalid_block_ids == set()
+    s = e.step({0: second})
+    assert s.error is None
+    if which == CONTROL:
+        wait_steps(e, 6)
+        e.clock.advance_ms(10 * QUARANTINE_MS)
+        wait_steps(e, 2)
+        assert e.status("r") == RequestStatus.WAITING_FOR_REMOTE_KVS  # hangs
+        assert e.free_blocks() == total - BLOCKS
+        return
+    # The failure reaches the scheduler at once (kv_load_failure_policy=fail)...
+    assert s.invalid_block_ids == blocks
+    assert s.finished_recving == set()
+    assert e.status("r") == RequestStatus.FINISHED_ERROR
+    # ...but the blocks stay out of the pool until the failure notice settled.
+    e.clock.advance_ms(SETTLE_MS - 1)
+    wait_steps(e, 2)
+    assert e.free_blocks() == total - BLOCKS
+    e.clock.advance_ms(1)
+    s = e.step()
+    assert s.finished_recving == {"r"} and s.failed_recving == {"r"}
+    assert e.free_blocks() == total
+    assert "r" not in e.scheduler.requests
+    wait_steps(e, 2)
+    no_double_reports(e)
+
+
+@BOTH
+def test_push_fail_recompute_policy_reschedules_after_settling(which: str) -> None:
+    """With ``kv_load_failure_policy=recompute`` the failed request is prefilled locally,
+    but only after its blocks settled: no write can land on the recomputed KV."""
+    e = engine(which, tp=1, p_tp=1, policy="recompute")
+    registered(e, "r", p_tp=1)
+    s = e.step({0: {"P0": [push_fail("r", 1)]}})
+    assert s.error is None
+    wait_steps(e, 2)
+    assert e.status("r") == RequestStatus.WAITING_FOR_REMOTE_KVS
+    if which == CONTROL:
+        e.clock.advance_ms(SETTLE_MS)
+        wait_steps(e, 3)
+        assert e.status("r") == RequestStatus.WAITING_FOR_REMOTE_KVS  # never retried
+        return
+    e.clock.advance_ms(SETTLE_MS)
+    s = e.step()
+    assert s.finished_recving == {"r"} and s.failed_recving == {"r"}
+    wait_steps(e, 1)
+    assert e.status("r") == RequestStatus.RUNNING  # recomputed locally
+    no_double_reports(e)
+
+
+# -- duplicates and strays ------------------------------------------------------------- #
+
+
+@BOTH
+def test_duplicate_completion_cannot_complete_early(which: str) -> None:
+    """P TP2 -> D TP1 with the producers' agents known (named edges): producer rank 0's
+    completion arrives twice (a NIXL error can follow a delivered notification) while
+    rank 1 still writes. vLLM counts 2 of 2 and starts decoding on half the KV; the
+    plugin waits for rank 1."""
+    e = engine(which, tp=1, p_tp=2)
+    registered(e, "r", p_tp=2)
+    s = e.step({0: {"P0": [completion("r", 2), completion("r", 2)]}})
+    assert s.error is None
+    if which == CONTROL:
+        assert s.finished_recving == {"r"}  # early: P1's write is still landing
+        return
+    assert s.finished_recving == set()
+    assert e.workers[0].kvdrain_counters()["duplicate"] == 1
+    s = e.step({0: {"P1": [completion("r", 2)]}})
+    assert s.finished_recving == {"r"}
+    no_double_reports(e)
+
+
+@BOTH
+def test_stray_completion_for_a_request_the_scheduler_freed(which: str) -> None:
+    """A request aborted before its blocks were allocated: vLLM 0.33 still stages an
+    empty receive for it on the workers (the scheduler freed it at once). A stray
+    completion for it then reaches the scheduler as ``finished_recving`` for an id it no
+    longer knows, and its assert kills the engine; the plugin tracks no such receive."""
+    e = engine(which, tp=1, p_tp=1)
+    e.add(d_request("gone-early", p_tp=1))
+    e.abort("gone-early")
+    assert "gone-early" not in e.scheduler.requests
+    s = e.step()
+    assert s.error is None
+    s = e.step({0: {"P0": [completion("gone-early", 1)]}})
+    if which == CONTROL:
+        assert isinstance(s.error, AssertionError)
+        return
+    assert s.error is None and s.finished_recving == set()
+    assert e.workers[0].kvdrain_counters()["unknown"] == 1
+
+
+@BOTH
+def test_stray_and_late_notices_change_nothing(which: str) -> None:
+    e = engine(which, tp=1, p_tp=1)
+    registered(e, "r", p_tp=1)
+    s = e.step({0: {"P0": [completion("r", 1)], "P9": [completion("never-registered", 1)]}})
+    assert s.error is None and s.finished_recving == {"r"}
+    s = e.step({0: {"P0": [completion("r", 1), push_fail("r", 1)]}})  # late
+    assert s.error is None and s.finished_recving == set() and s.failed_recving == set()
+    wait_steps(e, 2)
+    assert e.status("r") == RequestStatus.RUNNING
+    no_double_reports(e)
+
+
+@BOTH
+def test_bad_bytes_are_counted_not_raised(which: str) -> None:
+    """Non-UTF-8 and colon-less bytes in the same batch as a real completion: vLLM 0.33
+    raises out of ``get_transfer_results`` (the engine step fails); the plugin counts
+    them as malformed and completes the request."""
+    e = engine(which, tp=1, p_tp=1)
+    registered(e, "r", p_tp=1)
+    batch = {"P0": [b"\xff\xfe\x00garbage", b"no-colon-here", completion("r", 1)]}
+    s = e.step({0: batch})
+    if which == CONTROL:
+        assert isinstance(s.error, (UnicodeDecodeError, ValueError))
+        return
+    assert s.error is None and s.finished_recving == {"r"}
+    assert e.workers[0].kvdrain_counters()["malformed"] == 2
+
+
+@BOTH
+def test_colon_less_bytes_alone(which: str) -> None:
+    e = engine(which, tp=1, p_tp=1)
+    registered(e, "r", p_tp=1)
+    s = e.step({0: {"P0": [b"no-colon-here"]}})
+    if which == CONTROL:
+        assert isinstance(s.error, ValueError)
+        return
+    assert s.error is None
+    s = e.step({0: {"P0": [completion("r", 1)]}})
+    assert s.finished_recving == {"r"}
+
+
+# -- abort while receiving (C1, vLLM #46283) --------------------------------------------- #
+
+
+@BOTH
+def test_abort_while_receiving_frees_when_the_last_write_lands(which: str) -> None:
+    """P TP2 -> D TP2 (one producer per rank): the client aborts after PUSH_REG went
+    out. The blocks stay out of the pool while a write may land; the request's last
+    write landing frees them (both connectors)."""
+    e = engine(which, tp=2, p_tp=2)
+    total = registered(e, "r", p_tp=2)
+    e.abort("r")
+    assert e.status("r") == RequestStatus.FINISHED_ABORTED
+    s = e.step({0: {"P0": [completion("r", 2)]}})  # rank 0's write landed
+    assert s.error is None
+    assert e.free_blocks() == total - BLOCKS  # rank 1's write may still land
+    s = e.step({1: {"P1": [completion("r", 2)]}})
+    assert s.error is None
+    assert e.free_blocks() == total
+    assert "r" not in e.scheduler.requests
+    wait_steps(e, 2)
+    no_double_reports(e)
+
+
+@BOTH
+def test_abort_while_receiving_when_the_producer_never_reports(which: str) -> None:
+    """The producer also gave up and never writes (vLLM #46283): vLLM 0.33 holds the blocks
+    for ever; the plugin frees them when the quarantine (above the producer's lease)
+    ends, and not before."""
+    e = engine(which, tp=1, p_tp=1)
+    total = registered(e, "r", p_tp=1)
+    e.abort("r")
+    wait_steps(e, 2)
+    e.clock.advance_ms(QUARANTINE_MS - 1)
+    wait_steps(e, 2)
+    assert e.free_blocks() == total - BLOCKS
+    e.clock.advance_ms(1)
+    s = e.step()
+    assert s.error is None
+    if which == CONTROL:
+        e.clock.advance_ms(100 * QUARANTINE_MS)
+        wait_steps(e, 3)
+        assert e.free_blocks() == total - BLOCKS  # leaked
+        assert "r" in e.scheduler.requests
+        return
+    assert s.finished_recving == {"r"}
+    assert e.free_blocks() == total
+    wait_steps(e, 2)
+    no_double_reports(e)
+
+
+@BOTH
+def test_late_write_after_abort_and_release_is_ignored(which: str) -> None:
+    e = engine(which, tp=1, p_tp=1)
+    total = registered(e, "r", p_tp=1)
+    e.abort("r")
+    e.clock.advance_ms(QUARANTINE_MS)
+    wait_steps(e, 2)
+    if which == PLUGIN:
+        assert e.free_blocks() == total
+    s = e.step({0: {"P0": [completion("r", 1)]}})  # lands after the release
+    if which == CONTROL:
+        # vLLM frees only now, on the write it waited for.
+        assert s.error is None and e.free_blocks() == total
+        return
+    assert s.error is None and s.finished_recving == set()
+    assert e.workers[0].kvdrain_counters()["late"] == 1
+    no_double_reports(e)
+
+
+# -- expiry (L1) ----------------------------------------------------------------------- #
+
+
+@BOTH
+def test_expiry_fails_the_request_and_quarantines_its_blocks(which: str) -> None:
+    """The producer never writes and the client waits. vLLM 0.33's watchdog (here set
+    to 0 s) only drops the registration: the request waits for ever. The plugin fails
+    it at its deadline (the client gets an error) and frees the blocks at the end of
+    the quarantine."""
+    e = engine(which, tp=1, p_tp=1)
+    total = registered(e, "r", p_tp=1)
+    blocks = request_blocks(e, "r")
+    e.scheduler.connector.connector_scheduler._push_registration_timeout = 0.0  # type: ignore[union-attr]
+    e.clock.advance_ms(DEADLINE_MS)
+    s = e.step()
+    assert s.error is None
+    if which == CONTROL:
+        e.clock.advance_ms(100 * QUARANTINE_MS)
+        wait_steps(e, 3)
+        assert e.status("r") == RequestStatus.WAITING_FOR_REMOTE_KVS
+        assert e.free_blocks() == total - BLOCKS
+        return
+    assert s.invalid_block_ids == blocks
+    assert e.status("r") == RequestStatus.FINISHED_ERROR
+    e.clock.advance_ms(QUARANTINE_MS - 1)
+    wait_steps(e, 2)
+    assert e.free_blocks() == total - BLOCKS
+    e.clock.advance_ms(1)
+    s = e.step()
+    assert s.finished_recving == {"r"} and s.failed_recving == {"r"}
+    assert e.free_blocks() == total
+    no_double_reports(e)
+
+
+# -- settling -------------------------------------------------------------------------- #
+
+
+@BOTH
+def test_failed_blocks_settle_after_the_last_failure_notice(which: str) -> None:
+    """P TP2 -> D TP1, both producer ranks fail their writes after posting: the blocks
+    stay fenced for settle_ms after the *last* PUSH_FAIL."""
+    e = engine(which, tp=1, p_tp=2)
+    total = registered(e, "r", p_tp=2)
+    s = e.step({0: {"P0": [push_fail("r", 2)]}})
+    e.clock.advance_ms(2_000)
+    wait_steps(e, 1)
+    s = e.step({0: {"P1": [push_fail("r", 2)]}})
+    assert s.error is None
+    if which == CONTROL:
+        e.clock.advance_ms(10 * SETTLE_MS)
+        wait_steps(e, 3)
+        assert e.status("r") == RequestStatus.WAITING_FOR_REMOTE_KVS
+        return
+    assert e.status("r") == RequestStatus.FINISHED_ERROR
+    e.clock.advance_ms(SETTLE_MS - 1)
+    wait_steps(e, 2)
+    assert e.free_blocks() == total - BLOCKS
+    e.clock.advance_ms(1)
+    s = e.step()
+    assert s.finished_recving == {"r"}
+    assert e.free_blocks() == total
+    no_double_reports(e)
+
+
+# -- a producer lost mid-write (rule 9) ------------------------------------------------ #
+
+
+@BOTH
+def test_producer_lost_mid_write_settles_then_frees(which: str) -> None:
+    """P TP2 -> D TP1: rank 0's write landed, then vLLM evicts the producer engine
+    (``_cleanup_remote_engine``). The plugin reports the lost producer to the ledger
+    (``gone``): the request fails and its blocks settle like after a failure notice;
+    vLLM 0.33 forgets the engine and the request waits for ever."""
+    e = engine(which, tp=1, p_tp=2)
+    total = registered(e, "r", p_tp=2)
+    s = e.step({0: {"P0": [completion("r", 2)]}})
+    assert s.error is None and s.finished_recving == set()
+    e.workers[0]._cleanup_remote_engine(P_ENGINE)
+    s = e.step()
+    assert s.error is None
+    if which == CONTROL:
+        e.clock.advance_ms(10 * SETTLE_MS)
+        wait_steps(e, 3)
+        assert e.status("r") == RequestStatus.WAITING_FOR_REMOTE_KVS
+        assert e.free_blocks() == total - BLOCKS
+        return
+    assert e.status("r") == RequestStatus.FINISHED_ERROR
+    assert e.free_blocks() == total - BLOCKS  # the lost producer's bytes may land
+    e.clock.advance_ms(SETTLE_MS)
+    s = e.step()
+    assert s.finished_recving == {"r"} and s.failed_recving == {"r"}
+    assert e.free_blocks() == total
+    no_double_reports(e)
+
+
+# -- mixed fleet: plugin D, plain 0.33 P ------------------------------------------------ #
+
+
+@BOTH
+def test_plain_producer_that_fails_silently_meets_the_deadline(which: str) -> None:
+    """A plain 0.33 producer sends no PUSH_FAIL: one of its two writes never comes. The
+    plugin's deadline decides (failed, then quarantined); vLLM waits for ever."""
+    e = engine(which, tp=1, p_tp=2)
+    total = registered(e, "r", p_tp=2)
+    e.step({0: {"P0": [completion("r", 2)]}})
+    e.clock.advance_ms(DEADLINE_MS)
+    s = e.step()
+    assert s.error is None
+    if which == CONTROL:
+        wait_steps(e, 3)
+        assert e.status("r") == RequestStatus.WAITING_FOR_REMOTE_KVS
+        return
+    assert e.status("r") == RequestStatus.FINISHED_ERROR
+    e.clock.advance_ms(QUARANTINE_MS)
+    s = e.step()
+    assert s.finished_recving == {"r"} and e.free_blocks() == total
+
+
+@BOTH
+def test_vllm_own_failure_is_reported_once(which: str) -> None:
+    """vLLM fails a receive itself when its PUSH_REG cannot be sent (handshake failure,
+    no producer agents): it puts the id on ``_failed_recv_reqs``. Reported once, freed at
+    once (nothing can land); the plugin's ledger forgets it and reports nothing later."""
+    e = engine(which, tp=1, p_tp=1)
+    total = registered(e, "r", p_tp=1)
+    e.workers[0]._failed_recv_reqs.put("r")  # what vLLM's handshake callback does
+    s = e.step()
+    assert s.error is None
+    assert s.finished_recving == {"r"} and s.failed_recving == {"r"}
+    assert e.free_blocks() == total
+    e.clock.advance_ms(QUARANTINE_MS + DEADLINE_MS)
+    s = e.step({0: {"P0": [completion("r", 1)]}})
+    assert s.error is None and s.finished_recving == set()
+    wait_steps(e, 2)
+    no_double_reports(e)
+
+
+def test_the_plugin_is_what_vllm_loaded() -> None:
+    from kvdrain.vllm.connector import KvdrainPushConnector, KvdrainPushScheduler
+
+    e = engine(PLUGIN)
+    assert type(e.scheduler.connector) is KvdrainPushConnector
+    assert type(e.scheduler.connector.connector_scheduler) is KvdrainPushScheduler  # type: ignore[union-attr]
