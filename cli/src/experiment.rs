@@ -6,7 +6,7 @@
 //!
 //! Prints one JSON line per run, then a table (standard error) and a JSON summary: per fault
 //! and transport the distribution of "last late byte after the failure notice / disconnect /
-//! fence / expiry", and the violation count. Needs the `nixl` feature and the NIXL runtime
+//! expiry", and the violation count. Needs the `nixl` feature and the NIXL runtime
 //! (`make setup`), and root for fault `c` (`ss -K`).
 
 use std::process::ExitCode;
@@ -48,7 +48,7 @@ pub struct LateWritesArgs {
     /// any error: the negative control) or `new` (the producer driver's F7 rule).
     #[arg(long, value_enum, default_value_t = PolicyArg::New)]
     pub policy: PolicyArg,
-    /// D's settling of failure notices and of fences after a disconnect, ms.
+    /// D's settling of failure notices and of a producer reported gone (a disconnect), ms.
     #[arg(long, value_name = "MS", default_value_t = 5000)]
     pub settle_ms: u64,
     /// D's deadline for the request, ms.

@@ -21,13 +21,15 @@
 //!   engine, every `lease_ms / 6`, from registration until the decision (F9).
 //! * **Lost producers** (rule 9 of the replay contract): an agent the transport reports
 //!   gone, or whose send failed with [`SendError::PeerGone`], is reported to the core with
-//!   [`gone`](kvdrain::Engine::gone) at once: its outstanding edges fail now, as if it had
-//!   sent a failure notice for each, and their blocks settle for `settle_ms`, because the
-//!   bytes it had already handed to its transport keep landing (measured over UCX TCP: up
-//!   to 173 ms after a reset). A registration that cannot reach an agent known gone fails
-//!   that edge the same way. [`fence_producer`](ConsumerEngine::fence_producer), which
-//!   releases without settling, is only for a transport that can prove nothing more of
-//!   the producer's can land.
+//!   [`gone`](kvdrain::Engine::gone) at the next poll, with that poll's clock (a failed
+//!   send is known only when it returns, after its round's clock), and with no other
+//!   wait: its outstanding edges fail then, as if it had sent a failure notice for each,
+//!   and their blocks settle for `settle_ms`, because the bytes it had already handed to
+//!   its transport keep landing (measured over UCX TCP: up to 173 ms after a reset). A
+//!   gone says nothing about requests registered later: their `PUSH_REG` does not reach
+//!   the agent (reported unreached, F6) and their edge waits for the deadline.
+//!   [`fence_producer`](ConsumerEngine::fence_producer), which releases without settling,
+//!   is only for a transport that can prove nothing more of the producer's can land.
 //!
 //! Drive it with [`ConsumerDriver::poll`] (transport and monotonic time in), then take
 //! [`ConsumerDriver::poll_event`] until `None`; [`ConsumerDriver::next_wakeup_ms`] says
@@ -254,8 +256,8 @@ pub struct ConsumerCounters {
     /// Producers found disconnected (a failed send, the transport's report), each
     /// reported gone to the core.
     pub disconnects: u64,
-    /// Producers reported gone to the core (disconnects, registrations that could not
-    /// reach an agent known gone, and [`ConsumerEngine::gone_producer`]).
+    /// Producers reported gone to the core (disconnects and
+    /// [`ConsumerEngine::gone_producer`]).
     pub gones: u64,
     /// Named edges those reports resolved (they settle).
     pub gone_edges: u64,
@@ -286,6 +288,11 @@ struct EngineState {
     /// Producers found gone (or fenced): nothing is sent to them until their engine is
     /// added again.
     disconnected: HashSet<String>,
+    /// Producers whose send failed with `PeerGone` since the last poll, reported gone to
+    /// the core at the start of the next one: a send returns only once it has failed,
+    /// later than the clock of the round that made it, and the core settles a gone from
+    /// its clock, so the report takes the next round's clock, which comes after it.
+    send_failed: Vec<String>,
     last_heartbeat_ms: u64,
     now: u64,
     counters: ConsumerCounters,
@@ -362,6 +369,7 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
                 inflight: HashMap::with_capacity(N),
                 by_id: HashMap::with_capacity(N),
                 disconnected: HashSet::new(),
+                send_failed: Vec::new(),
                 last_heartbeat_ms: 0,
                 now: 0,
                 counters: ConsumerCounters::default(),
@@ -546,17 +554,19 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     }
 
     /// The earliest monotonic time at which [`poll`](Self::poll) has work that no new
-    /// input brings: a heartbeat round is due (while any request is tracked), or a core
-    /// deadline, quarantine or settling ends (a lost producer's edges settle in the core).
+    /// input brings: a producer whose send failed is to be reported gone (now), a heartbeat
+    /// round is due (while any request is tracked), or a core deadline, quarantine or
+    /// settling ends (a lost producer's edges settle in the core).
     /// `None` when only new input can change anything. An engine loop (or a simulator)
     /// may sleep until then or the next notification, whichever comes first.
     pub fn next_wakeup_ms(&self) -> Option<u64> {
         let st = &self.state;
+        let gone = (!st.send_failed.is_empty()).then_some(st.now);
         let heartbeat = (!st.inflight.is_empty()).then(|| {
             st.last_heartbeat_ms
                 .saturating_add(self.heartbeat_interval_ms())
         });
-        [heartbeat, self.ledger.next_timer()]
+        [gone, heartbeat, self.ledger.next_timer()]
             .into_iter()
             .flatten()
             .min()
@@ -712,9 +722,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
             },
         );
         let mut unreached = Vec::new();
-        let mut known_gone = Vec::new();
         for agent in &engine.agents {
-            let was_gone = self.state.disconnected.contains(agent);
             if self.send(transport, agent, &registration) {
                 self.state.counters.registrations_sent += 1;
             } else {
@@ -726,15 +734,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
                 );
                 self.state.counters.registrations_failed += 1;
                 unreached.push(agent.clone());
-                if was_gone {
-                    known_gone.push(agent);
-                }
             }
-        }
-        // An agent already known gone was not asked to write: its edge of this request
-        // fails now, as for a gone (a send that failed just now reported it already).
-        for agent in known_gone {
-            self.gone_producer(agent);
         }
         tracing::debug!(unreached = unreached.len(), "registered, PUSH_REG sent");
         Ok(Registered { key, unreached })
@@ -831,12 +831,15 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         taken
     }
 
-    /// One engine round at monotonic time `now_ms`: peers the transport reports gone
-    /// reported to the core, ready decisions taken, the clock advanced, heartbeats sent
-    /// when due (a failed one reports its peer gone at once). Returns the ready requests
-    /// taken.
+    /// One engine round at monotonic time `now_ms`: peers whose send failed since the last
+    /// round and peers the transport reports gone reported to the core (at this round's
+    /// clock), ready decisions taken, the clock advanced, heartbeats sent when due.
+    /// Returns the ready requests taken.
     pub fn poll<T: Transport>(&mut self, transport: &mut T, now_ms: u64) -> usize {
         self.state.now = self.state.now.max(now_ms);
+        for name in std::mem::take(&mut self.state.send_failed) {
+            self.gone_producer(&name);
+        }
         while let Some(gone) = transport.peer_gone() {
             if let GonePeer::Agent(name) = gone {
                 tracing::warn!(agent = %name, cause = "peer_gone", "producer disconnected");
@@ -914,7 +917,8 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     }
 
     /// Sends one notification; `false` if it could not be queued. A peer whose send
-    /// fails with [`SendError::PeerGone`] is reported gone to the core at once.
+    /// fails with [`SendError::PeerGone`] is sent nothing more and is reported gone to
+    /// the core at the start of the next poll.
     fn send<T: Transport>(&mut self, transport: &mut T, agent: &str, msg: &[u8]) -> bool {
         if self.state.disconnected.contains(agent) {
             return false;
@@ -924,7 +928,8 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
             Err(SendError::PeerGone) => {
                 tracing::warn!(agent, cause = "peer_gone", "producer disconnected");
                 self.state.counters.disconnects += 1;
-                self.gone_producer(agent);
+                self.state.disconnected.insert(agent.to_owned());
+                self.state.send_failed.push(agent.to_owned());
                 false
             }
             Err(SendError::Unreachable | SendError::Stale) => false,

@@ -11,8 +11,8 @@
 //!                │  Success ─────────── completion ────────▶│ notices → core → Decode,
 //!                │  never posted / backend error: PUSH_FAIL ▶│ Failed, Expired, Release
 //!                │  status unknown: nothing (D's deadline)   │
-//!                ▼  every WRITE terminal                     │ peer gone → fence (resolve
-//!          SourceReleased ─▶ RETIRED (late PUSH_REG: PUSH_FAIL, F4)       its edges)
+//!                ▼  every WRITE terminal                     │ peer gone → core gone (its
+//!          SourceReleased ─▶ RETIRED (late PUSH_REG: PUSH_FAIL, F4)    edges fail, settle)
 //! ```
 //!
 //! ## Drive contract
@@ -45,8 +45,10 @@
 //! 4. take [`poll_event`](consumer::ConsumerDriver::poll_event) until `None`: decode, fail,
 //!    or reuse blocks;
 //! 5. [`abort`](consumer::ConsumerDriver::abort) on client cancel;
-//!    [`fence_producer`](consumer::ConsumerDriver::fence_producer) when the control plane
-//!    knows a producer is gone.
+//!    [`gone_producer`](consumer::ConsumerDriver::gone_producer) when the control plane
+//!    sees a producer go away (the driver does it itself for a failed send or a peer the
+//!    transport reports gone); [`fence_producer`](consumer::ConsumerDriver::fence_producer)
+//!    only when the transport proves nothing more of the producer's can land.
 //!
 //! ## Why `std`
 //!
@@ -67,7 +69,7 @@
 //! | --- | --- |
 //! | [`transport`] | the one trait a driver needs from the wire |
 //! | [`producer`] | P: pairing, leases, retired ids, plans, owed notices, source release |
-//! | [`consumer`] | D: directory, registration, heartbeats, fences, decisions |
+//! | [`consumer`] | D: directory, registration, heartbeats, lost producers, decisions |
 //! | [`pairing`] | exact / `transfer_id` / base-id pairing tables |
 //! | [`registration`] | the `PUSH_REG:` msgpack map, decoded as vLLM's msgspec does |
 //! | [`directory`] | producer agent names ↔ the core's `AgentId`s |

@@ -2,7 +2,7 @@
 //! [`kvdrain_driver::consumer::ConsumerDriver`] driven through
 //! [`NixlConsumerTransport`], its decisions handed to the engine's [`BlockRelease`] hooks.
 //! Every protocol rule (directory, registration from the topology, heartbeats, unreached
-//! producers, fences) is the driver's; this file loads metadata, moves bytes, reads the
+//! and lost producers, fences) is the driver's; this file loads metadata, moves bytes, reads the
 //! clock and measures notification → decision latency.
 //!
 //! Two ways to run it: [`Consumer::poll`] drains and decides on the caller's thread;
@@ -41,8 +41,9 @@ pub trait BlockRelease {
     /// The blocks of a request that did not complete are safe to reuse (after `failed`,
     /// `expired` or an abort). `forced`: the quarantine ran out with writes outstanding.
     fn release(&mut self, request: &PushedRequest, blocks: BlockHandle, forced: bool);
-    /// `failed`: a producer reported or was fenced as unable to write; apply the KV load
-    /// failure policy now. [`release`](Self::release) follows.
+    /// `failed`: a producer reported a failed write, was seen gone, or was fenced; apply
+    /// the KV load failure policy now. [`release`](Self::release) follows (once the
+    /// failure has settled).
     fn failed(&mut self, request: &PushedRequest) {
         let _ = request;
     }

@@ -31,7 +31,7 @@
 //! notices, decisions and releases, and a `warn` event with a `cause` field for every
 //! failure (`post`, `after_post`, `handshake`, `notice_unsendable`, `malformed_registration`,
 //! `stash_full`, `unplannable`, `registration_unsent`, `heartbeat_unsent`, `disconnect`,
-//! `fence`, `transfer`, `deadline`, `quarantine`). Disabled levels cost one cached check.
+//! `gone`, `fence`, `transfer`, `deadline`, `quarantine`). Disabled levels cost one cached check.
 
 pub mod agent;
 pub mod consumer;

@@ -512,7 +512,7 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), all, "a family declared twice");
-        assert_eq!(all, 24);
+        assert_eq!(all, 25);
     }
 
     #[test]

@@ -1,20 +1,22 @@
 //! D, the consumer child of a run: registers the destination pages, tracks the one pushed
-//! request in a kvdrain [`Ledger`] (one named edge: P's agent), watches the pages, and once
-//! the ledger says `Released` overwrites them with reuse stamps.
+//! request with the shipped consumer (the glue's [`Consumer`], i.e. the
+//! `kvdrain_driver::consumer::ConsumerDriver` over NIXL, P as a one-rank producer engine:
+//! one named edge), watches the pages, and once the driver releases the blocks overwrites
+//! them with reuse stamps.
 //!
-//! Drive loop (every 200 µs): drain notifications into the ledger; heartbeat P every 20 ms;
-//! when a send fails (the transport says P is gone) report it to the ledger with
-//! [`gone`](Ledger::gone) at once, as the consumer driver does: P's edge fails now and its
-//! blocks settle for `settle_ms` (no copy of that rule here); `advance` the clock; pull
-//! every decision ([`poll_decision`](Ledger::poll_decision)). The first failure notice,
-//! disconnect or expiry is the run's *event*; D keeps watching until `observe_ms` after
-//! the event and after the release.
+//! Drive loop (every 200 µs): one [`Consumer::poll`]: notifications into the core,
+//! heartbeats to P every `lease_ms / 6` = 20 ms while the request waits (a failed one is
+//! the driver's peer-death probe: it reports P gone to the core at once, P's edge fails and
+//! its blocks settle for `settle_ms`), the clock, the decisions. No protocol rule is
+//! written here: the experiment measures the driver and core that ship. The first failure
+//! notice, disconnect or expiry is the run's *event*; D keeps watching until `observe_ms`
+//! after the event and after the release.
 
 use std::sync::Arc;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration, wire};
+use kvdrain::{BlockHandle, Config, Outstanding};
 use nixl_sys::AgentConfig;
 
 use super::lines::{Fields, announce, expect_line};
@@ -23,10 +25,15 @@ use super::stamp::StampedPages;
 use super::watch::Watch;
 
 use crate::agent::UcxAgent;
+use crate::consumer::{
+    BlockRelease, Consumer, ConsumerConfig, ProducerEngine, PushRequest, PushedRequest,
+};
 use crate::testbed::{from_hex, to_hex};
 
-const P_AGENT: AgentId = AgentId(0);
-const HEARTBEAT: Duration = Duration::from_millis(20);
+/// P's engine id as D's driver knows it.
+const P_ENGINE: &str = "late-writes-p";
+/// P's lease: the driver heartbeats every `lease_ms / 6` = 20 ms.
+const LEASE_MS: u64 = 120;
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(60);
 
 /// The ledger's configuration for a run.
@@ -36,6 +43,77 @@ pub fn ledger_config(spec: &RunSpec) -> Config {
         quarantine_ms: spec.quarantine_ms,
         settle_ms: spec.settle_ms,
         ..Config::with_capacity(4)
+    }
+}
+
+/// D's driver configuration for a run: one decode rank, the ledger of [`ledger_config`].
+pub fn consumer_config(spec: &RunSpec) -> ConsumerConfig {
+    ConsumerConfig {
+        engine_id: format!("{}-d", spec.prefix),
+        host: "127.0.0.1".into(),
+        port: 0,
+        tp_rank: 0,
+        tp_size: 1,
+        lease_ms: LEASE_MS,
+        ledger: ledger_config(spec),
+    }
+}
+
+/// What D saw of its request, in µs since the run's epoch, filled in by the driver's
+/// decisions; a release overwrites the pages with reuse stamps at once.
+struct Seen<'w> {
+    epoch: Instant,
+    watch: &'w Watch,
+    /// The first failure event: `notice`, `disconnect` or `expiry`.
+    event: &'static str,
+    event_us: Option<u64>,
+    completed_us: Option<u64>,
+    failed_us: Option<u64>,
+    expired_us: Option<u64>,
+    released_us: Option<u64>,
+    reused_us: Option<u64>,
+    forced: bool,
+}
+
+impl Seen<'_> {
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    /// Now, noted as the run's event if it is the first; returns the time.
+    fn event_at(&mut self, what: &'static str) -> u64 {
+        let at = self.now_us();
+        if self.event_us.is_none() {
+            (self.event, self.event_us) = (what, Some(at));
+            self.watch.mark_event(at);
+        }
+        at
+    }
+}
+
+impl BlockRelease for Seen<'_> {
+    fn decode(&mut self, _request: &PushedRequest, _blocks: BlockHandle) {
+        self.completed_us = Some(self.now_us());
+    }
+
+    fn release(&mut self, _request: &PushedRequest, _blocks: BlockHandle, forced: bool) {
+        // No event yet: a failure notice resolved the one edge (see `failed`).
+        let _ = self.event_at("notice");
+        self.forced = forced;
+        self.released_us = Some(self.now_us());
+        self.reused_us = Some(self.watch.reuse());
+    }
+
+    fn failed(&mut self, _request: &PushedRequest) {
+        // With no event yet the failure can only be P's failure notice, drained in this
+        // round: a disconnect is marked when its round returns, before the driver reports
+        // P gone in the next one, and an expiry is not a failure. Marked here, before the
+        // release that may follow in the same round.
+        self.failed_us = Some(self.event_at("notice"));
+    }
+
+    fn expired(&mut self, _request: &PushedRequest, _outstanding: Outstanding) {
+        self.expired_us = Some(self.event_at("expiry"));
     }
 }
 
@@ -63,24 +141,36 @@ pub fn run(
     announce(&format!("D-READY {} {}", to_hex(&md), pages.addr(0)));
     let p_md = expect_line(input, "P-READY ", HANDSHAKE_LIMIT)?;
     let p_md = from_hex(&p_md).ok_or("P-READY: bad hex")?;
-    let p_name = agent
-        .load_remote_metadata(&p_md)
+    // The shipped consumer: the glue's `Consumer` over this agent, i.e. the
+    // `ConsumerDriver` over NIXL, with P as a producer engine of one rank.
+    let mut consumer: Consumer<4, 1> = Consumer::new(agent, consumer_config(spec));
+    consumer
+        .add_producer_engine(
+            ProducerEngine {
+                engine_id: P_ENGINE.into(),
+                host: "127.0.0.1".into(),
+                port: 0,
+                tp_size: 1,
+                pp_size: 1,
+                mla: false,
+                agents: Vec::new(),
+            },
+            &[p_md],
+        )
         .map_err(|e| e.to_string())?;
-
-    let config = ledger_config(spec);
-    let mut ledger: Box<Ledger<4, 1>> = Box::new(Ledger::new(config));
-    // The deadline counts from now, not from the process start.
-    ledger
-        .advance(now_us() / 1000)
-        .map_err(|e| format!("{e:?}"))?;
-    let _ticket = ledger
-        .register(Registration {
+    // The deadline counts from now, not from the process start. The PUSH_REG it sends
+    // goes to P, which ignores notifications.
+    consumer
+        .register(PushRequest {
             id: REQUEST_ID,
+            producer_engine: P_ENGINE,
+            remote_request_id: REQUEST_ID,
+            transfer_id: None,
             blocks: BlockHandle(0),
-            expect: Expect::Edges(&[P_AGENT]),
+            block_ids: vec![Vec::new()],
             deadline_ms: None,
         })
-        .map_err(|e| format!("register: {e:?}"))?;
+        .map_err(|e| format!("register: {e}"))?;
     let watch = Watch::start(
         Arc::clone(&pages),
         spec.offset_pages,
@@ -91,79 +181,44 @@ pub fn run(
     announce("D-GO");
 
     let mut out = Fields::default();
-    let (mut event, mut event_us) = ("none", None::<u64>);
-    let (mut completed_us, mut failed_us, mut expired_us) = (None, None, None);
-    let (mut notice_us, mut released_us, mut reused_us) = (None, None, None);
-    let mut disconnect_us = None::<u64>;
-    let mut forced = false;
-    let mut last_heartbeat = Instant::now();
+    let mut seen = Seen {
+        epoch,
+        watch: &watch,
+        event: "none",
+        event_us: None,
+        completed_us: None,
+        failed_us: None,
+        expired_us: None,
+        released_us: None,
+        reused_us: None,
+        forced: false,
+    };
+    let (mut notice_us, mut disconnect_us) = (None::<u64>, None::<u64>);
     let limit = Duration::from_millis(spec.limit_ms());
     let observe = spec.observe_ms * 1000;
     loop {
         if epoch.elapsed() > limit {
             return Err(format!("D: no end after {limit:?}"));
         }
-        // Notifications: P's completion or PUSH_FAIL.
-        for (sender, bytes) in agent.drain_notifications().map_err(|e| e.to_string())? {
-            if sender != p_name {
-                continue;
-            }
-            let failure = bytes.starts_with(wire::PUSH_FAIL_PREFIX);
-            if failure && notice_us.is_none() {
-                // When D learned it: after the drain returned.
-                let at = now_us();
-                notice_us = Some(at);
-                if event_us.is_none() {
-                    (event, event_us) = ("notice", Some(at));
-                    watch.mark_event(at);
-                }
-            }
-            let _ = ledger.handle_notification(P_AGENT, &bytes);
+        // One driver round: P's completion or PUSH_FAIL in, heartbeats out (a failed one
+        // reports P gone to the core at once), the clock, the decisions to `seen`.
+        consumer.poll(&mut seen).map_err(|e| e.to_string())?;
+        // What the round saw, from the counters. A failure notice decided the request
+        // when it was drained (the event `failed` marked); one that came after another
+        // event is noted now.
+        if notice_us.is_none() && consumer.core_counters().ingest.failure_notices > 0 {
+            notice_us = match (seen.event, seen.event_us) {
+                ("notice", Some(at)) => Some(at),
+                _ => Some(now_us()),
+            };
         }
-        // Heartbeats double as the peer-death probe: a failed send says P is gone, which
-        // the ledger hears at once (its bytes already on the way settle there).
-        if disconnect_us.is_none() && last_heartbeat.elapsed() >= HEARTBEAT {
-            last_heartbeat = Instant::now();
-            if agent
-                .agent()
-                .send_notification(&p_name, b"HB:late-writes", None)
-                .is_err()
-            {
-                let at = now_us();
-                disconnect_us = Some(at);
-                ledger.advance(at / 1000).map_err(|e| format!("{e:?}"))?;
-                let _resolved = ledger.gone(P_AGENT);
-                if event_us.is_none() {
-                    (event, event_us) = ("disconnect", Some(at));
-                    watch.mark_event(at);
-                }
-            }
-        }
-        ledger
-            .advance(now_us() / 1000)
-            .map_err(|e| format!("{e:?}"))?;
-        while let Some(d) = ledger.poll_decision() {
-            let at = now_us();
-            match d {
-                Decision::Completed(_) => completed_us = Some(at),
-                Decision::Failed(_) => failed_us = Some(at),
-                Decision::Expired(_) => {
-                    expired_us = Some(at);
-                    if event_us.is_none() {
-                        (event, event_us) = ("expiry", Some(at));
-                        watch.mark_event(at);
-                    }
-                }
-                Decision::Released(r) => {
-                    forced = r.forced();
-                    released_us = Some(at);
-                    let _blocks = r.into_free();
-                    reused_us = Some(watch.reuse());
-                }
-            }
+        // When D learned P is gone: after the round whose heartbeat failed, before the
+        // next round reports it to the core.
+        if disconnect_us.is_none() && consumer.counters().disconnects > 0 {
+            disconnect_us = Some(seen.event_at("disconnect"));
         }
         let now = now_us();
-        let done = match (completed_us, event_us, reused_us) {
+        let done = match (seen.completed_us, seen.event_us, seen.reused_us) {
             (Some(c), _, _) => now >= c + 100_000,
             (None, Some(e), Some(r)) => now >= e + observe && now >= r + observe,
             _ => false,
@@ -173,6 +228,16 @@ pub fn run(
         }
         std::thread::sleep(Duration::from_micros(200));
     }
+    let Seen {
+        event,
+        event_us,
+        completed_us,
+        failed_us,
+        expired_us,
+        released_us,
+        forced,
+        ..
+    } = seen;
     let w = watch.finish();
     let rel = |t: Option<u64>| t.zip(event_us).map(|(t, e)| t.saturating_sub(e));
     // Gap from a milestone to the last landing: 0 when everything landed before it.
@@ -209,6 +274,6 @@ pub fn run(
     .put("scan_max_us", w.scan_max_us);
     publish(&out);
     // The agent (and its registration) outlive the watcher, which reads the pages.
-    drop(agent);
+    drop(consumer);
     Ok(())
 }

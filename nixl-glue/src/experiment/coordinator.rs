@@ -113,7 +113,7 @@ impl RunRecord {
         self.consumer.num("violation_pages").unwrap_or(0)
     }
 
-    /// µs from a milestone (`"event"`, `"notice"`, `"fence"`, `"expiry"`, `"release"`) to
+    /// µs from a milestone (`"event"`, `"notice"`, `"disconnect"`, `"expiry"`, `"release"`) to
     /// the last landing (0 when everything landed before it; `None` when the run had no such
     /// milestone).
     pub fn gap_after(&self, milestone: &str) -> Option<u64> {

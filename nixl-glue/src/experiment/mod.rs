@@ -4,14 +4,15 @@
 //!
 //! P and D run as separate processes over real NIXL (UCX TCP on loopback, or shared
 //! memory). P writes 256 MiB whose every 4 KiB page carries a stamp ([`stamp`]); D tracks the
-//! request in a kvdrain `Ledger` with one named edge and a watcher thread scans the
+//! request with the shipped consumer (the glue's `Consumer`: the `ConsumerDriver` over
+//! NIXL, one named edge, [`consumer_side`]) and a watcher thread scans the
 //! destination pages about every millisecond ([`watch`]). A random delay after the post P
 //! injects a fault ([`spec::Fault`]: invalidate D's metadata, drop the handle, reset its TCP
 //! connections, die) and reports as its policy says ([`policy`]: `old` = the pre-fix glue,
 //! the negative control; `new` = the F7 rule).
 //!
 //! ```text
-//!  D:  registered ──▶ event (failure notice │ fence on a failed heartbeat │ expiry)
+//!  D:  registered ──▶ event (failure notice │ gone on a failed heartbeat │ expiry)
 //!                        ──▶ Released ──▶ pages overwritten with "reused" stamps
 //!  measured: last page landing after the event (the drain), and any producer stamp
 //!            after the reuse stamps (a violation: a block reused while a write landed)

@@ -2,7 +2,7 @@
 //! millisecond and notes every stamp that changes, when, and against which milestone.
 //!
 //! ```text
-//!   landing ──(failure notice / fence / expiry: mark_event)──▶ late ──(Released: reuse,
+//!   landing ──(failure notice / disconnect / expiry: mark_event)──▶ late ──(Released: reuse,
 //!   which writes the reuse stamps)──▶ any producer stamp landing now is a violation
 //! ```
 //!
@@ -122,7 +122,7 @@ impl Watch {
         }
     }
 
-    /// The failure event (first failure notice, fence or expiry) happened at `at_us`.
+    /// The failure event (first failure notice, disconnect or expiry) happened at `at_us`.
     pub fn mark_event(&self, at_us: u64) {
         let _ =
             self.shared
