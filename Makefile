@@ -27,7 +27,7 @@ setup-nixl:
 setup-tools:
 	bash scripts/setup-tools.sh
 
-check: fmt clippy clippy-cfg doc deny
+check: fmt clippy clippy-cfg doc deny docs-check
 
 fmt:
 	$(CARGO) fmt --all --check
@@ -49,6 +49,13 @@ doc:
 ## Dependency policy (deny.toml): licenses, bans, sources; offline, no advisory database.
 deny:
 	$(CARGO) deny --offline check licenses bans sources
+
+## Every catalogue id cited resolves in docs/protocol.md; no issue numbers, passes or
+## links to documents outside the repository (scripts/check-docs.py, and its self-test).
+.PHONY: docs-check
+docs-check:
+	python3 scripts/check-docs.py --self-test
+	python3 scripts/check-docs.py
 
 ## Unit, grid, trace, scenario, simulation, real-NIXL integration tests.
 ## Every feature but the core's `defmt` (a no_std logging backend, built by `nostd`): the

@@ -1,8 +1,8 @@
 /*
- * The C ABI against the failure catalogue: C2 in both orders, duplicates, unknown ids,
- * garbage bytes, a full table, abort, deadline, fence, settling, handle misuse, the
- * producer's owed notices, and two threads feeding and polling at once (>= 10^5
- * requests, no decision lost or doubled).
+ * The C ABI against the failure catalogue (docs/protocol.md): C2 in both orders,
+ * duplicates, unknown ids, garbage bytes, a full table, abort, deadline, fence, settling,
+ * handle misuse, the producer's owed notices, and two threads feeding and polling at once
+ * (>= 10^5 requests, no decision lost or doubled).
  *
  * Built by `make c-test` with -fsanitize=address,undefined against the static library,
  * and once more against the installed library through pkg-config. Prints
