@@ -35,11 +35,11 @@ fmt:
 clippy:
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 
-## The core's code behind cfgs a plain build never compiles: the fuzz harnesses
-## (`--cfg fuzzing`) and the loom models (`--cfg kvdrain_loom`), each in its own target dir.
+## Code behind cfgs a plain build never compiles: the cli's replay fuzz harness
+## (`--cfg fuzzing`) and the core's loom models (`--cfg kvdrain_loom`), each in its own target dir.
 clippy-cfg:
 	RUSTFLAGS="--cfg fuzzing" CARGO_TARGET_DIR=target/clippy-fuzzing \
-		$(CARGO) clippy -p kvdrain --lib -- -D warnings
+		$(CARGO) clippy -p kvdrain-cli --lib -- -D warnings
 	RUSTFLAGS="--cfg kvdrain_loom" CARGO_TARGET_DIR=$(LOOM_TARGET) \
 		$(CARGO) clippy --release -p kvdrain --tests -- -D warnings
 

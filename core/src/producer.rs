@@ -359,14 +359,6 @@ impl PushPlan {
         })
     }
 
-    /// Alias of [`backend_error`](Self::backend_error), kept for the fuzz harness.
-    ///
-    /// # Errors
-    /// As [`backend_error`](Self::backend_error).
-    pub fn failed(&mut self, d_rank: u16) -> Result<(), PlanError> {
-        self.backend_error(d_rank)
-    }
-
     /// The posted WRITE's status cannot be read (NOT_FOUND the producer did not cause): it
     /// may still land. No notice is owed and the edge stays non-terminal (F7).
     ///
@@ -556,7 +548,7 @@ mod tests {
         let t = topo(1, 1, 2, true);
         let mut plan = PushPlan::new(&t, 0, 0).unwrap();
         plan.posted(0).unwrap();
-        plan.failed(0).unwrap();
+        plan.backend_error(0).unwrap();
         plan.unreachable(1).unwrap();
         assert!(plan.owed_notices().eq([0]));
         assert!(plan.is_terminal());

@@ -14,18 +14,15 @@
 //! leave none free.
 
 use std::collections::BTreeMap;
-use std::format;
-use std::string::String;
 use std::sync::OnceLock;
-use std::vec::Vec;
 
 use arbitrary::{Arbitrary, Unstructured};
 
-use super::model::{
+use crate::model::{
     MAbortError, MConfig, MDecision, MExpect, MIgnore, MNoticed, MOutstanding, MReject, Model,
 };
-use super::spec_parse::{SpecMessage, spec_parse};
-use crate::{
+use crate::spec_parse::{SpecMessage, spec_parse};
+use kvdrain::{
     AbortError, AgentId, BlockHandle, Config, Decision, Expect, IgnoreReason, Ledger, Noticed,
     Outstanding, Pending, Quarantined, RegisterErrorKind, Registration,
 };
