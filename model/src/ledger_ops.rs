@@ -557,12 +557,7 @@ impl Harness {
     /// The decisions `advance`, `fence` or `gone` queued, and not those of the ready ring (the
     /// model hands those out at its `poll`).
     fn pull_queued(&mut self) -> Vec<MDecision> {
-        (0..self.ledger.queued_decisions())
-            .map(|_| {
-                let d = self.ledger.poll_decision();
-                real_decision(d.expect("a queued decision"))
-            })
-            .collect()
+        self.ledger.drain_queued().map(real_decision).collect()
     }
 
     fn advance(&mut self, now: u64) {

@@ -13,9 +13,6 @@ use crate::MAX_EDGES;
 use crate::lines::{Line, name, number, unescape};
 use crate::record::{Owed, Record, write_record};
 
-/// Agent id given to senders that no registration names (they can never match an edge).
-const STRANGER: AgentId = AgentId(u16::MAX);
-
 /// What the replay keeps per tracked request to print its decisions.
 struct Tracked {
     id: String,
@@ -94,7 +91,7 @@ impl Replay<'_> {
             "notify" => {
                 let (agent, bytes) = line.notify_args()?;
                 let bytes = unescape(bytes)?;
-                let agent = self.agents.get(agent).copied().unwrap_or(STRANGER);
+                let agent = self.agents.get(agent).copied().unwrap_or(AgentId::STRANGER);
                 if let Err(ignored) = ledger.handle_notification(agent, &bytes) {
                     let req = match ignored.reason {
                         IgnoreReason::Malformed(_) | IgnoreReason::NotForConsumer => None,
@@ -119,7 +116,7 @@ impl Replay<'_> {
                 if args.next().is_some() {
                     return Err(Step::Trace("fence takes one argument".into()));
                 }
-                let agent = self.agents.get(agent).copied().unwrap_or(STRANGER);
+                let agent = self.agents.get(agent).copied().unwrap_or(AgentId::STRANGER);
                 let _resolved = ledger.fence(agent);
             }
             "gone" => {
@@ -127,7 +124,7 @@ impl Replay<'_> {
                 if args.next().is_some() {
                     return Err(Step::Trace("gone takes one argument".into()));
                 }
-                let agent = self.agents.get(agent).copied().unwrap_or(STRANGER);
+                let agent = self.agents.get(agent).copied().unwrap_or(AgentId::STRANGER);
                 let _resolved = ledger.gone(agent);
             }
             other => return Err(Step::Trace(format!("unknown command {other:?}"))),
@@ -234,7 +231,7 @@ impl Replay<'_> {
         }
         let id = u16::try_from(self.agents.len())
             .ok()
-            .filter(|&n| n != STRANGER.0)
+            .filter(|&n| n != AgentId::STRANGER.0)
             .ok_or("more than 65535 distinct agent names")?;
         self.agents.insert(agent.to_owned(), AgentId(id));
         Ok(AgentId(id))

@@ -616,7 +616,7 @@ impl World {
             self.faults.wrong_sender += 1;
             let event = Event::Deliver {
                 d,
-                agent: Cluster::STRANGER,
+                agent: AgentId::STRANGER,
                 bytes: notice_bytes(id, tp, false),
                 should: Should::BeIgnored(&["unexpected_sender", "late", "unknown"]),
             };
