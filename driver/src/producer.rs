@@ -418,7 +418,7 @@ impl<W> ProducerDriver<W> {
         let mut pushes = std::mem::take(&mut self.pushes);
         let mut errored = Vec::new();
         for push in pushes.values_mut() {
-            if push.lease_until <= self.now && push.source.is_some() && !push.plan_retired() {
+            if push.lease_until <= self.now && push.source.is_some() && !push.plan.is_retired() {
                 self.counters.leases_expired += 1;
                 push.plan.retire();
                 self.remember_retired(push.keys.clone(), Some(answered(&push.registration)));
@@ -735,7 +735,7 @@ impl<W> ProducerDriver<W> {
             match transport.poll_write(&mut push.writes[i].1) {
                 WriteStatus::InProgress => i += 1,
                 WriteStatus::Unknown => {
-                    if edge_state(&push.plan, d) == Some(EdgeState::Posted) {
+                    if push.plan.edge(d).map(|e| e.state) == Some(EdgeState::Posted) {
                         tracing::warn!(
                             d_rank = d,
                             cause = "status_unknown",
@@ -780,7 +780,7 @@ impl<W> ProducerDriver<W> {
         let mut bounded = 0;
         for push in self.pushes.values_mut() {
             if push.registration.decode_engine_id != engine
-                || edge_state(&push.plan, d) != Some(EdgeState::Unknown)
+                || push.plan.edge(d).map(|e| e.state) != Some(EdgeState::Unknown)
             {
                 continue;
             }
@@ -862,14 +862,4 @@ impl<W> ProducerDriver<W> {
             }
         }
     }
-}
-
-impl<W> Push<W> {
-    fn plan_retired(&self) -> bool {
-        self.plan.may_post(u16::MAX) == Err(PlanError::Retired)
-    }
-}
-
-fn edge_state(plan: &PushPlan, d: u16) -> Option<EdgeState> {
-    plan.edges().iter().find(|e| e.d_rank == d).map(|e| e.state)
 }
