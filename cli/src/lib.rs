@@ -5,9 +5,6 @@ pub mod bench;
 pub mod command;
 pub mod demo;
 pub mod experiment;
-#[cfg(fuzzing)]
-#[doc(hidden)]
-pub mod fuzzing;
 pub mod progress;
 pub mod replay;
 pub mod sim;

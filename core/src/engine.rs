@@ -42,7 +42,8 @@ fn valid_expect<const E: usize>(expect: &Expect<'_>) -> Result<(), RegisterError
                 .iter()
                 .enumerate()
                 .all(|(i, a)| !agents[..i].contains(a));
-            if agents.is_empty() || agents.len() > E || !distinct {
+            let named = !agents.contains(&AgentId::STRANGER);
+            if agents.is_empty() || agents.len() > E || !distinct || !named {
                 Err(RegisterErrorKind::BadEdges)
             } else {
                 Ok(())
@@ -530,6 +531,36 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// ```
     pub fn decisions(&mut self) -> impl Iterator<Item = Decision> + '_ {
         core::iter::from_fn(move || self.poll_decision())
+    }
+
+    /// The decisions already queued, in order, and none other: those `advance`, `fence`,
+    /// `gone` or an earlier pull took, exactly [`queued_decisions`](Self::queued_decisions)
+    /// of them. Decisions of requests the ingest half drained since stay for the next
+    /// [`poll_decision`](Self::poll_decision), so a caller can hand out what a timer or a
+    /// fence decided before it looks at the ready ring.
+    ///
+    /// ```
+    /// # use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration};
+    /// let mut ledger: Ledger<16, 2> = Ledger::new(Config::with_capacity(16));
+    /// # let _t = ledger.register(Registration { id: "r", blocks: BlockHandle(1),
+    /// #     expect: Expect::Count(1), deadline_ms: Some(10) }).unwrap();
+    /// # let _u = ledger.register(Registration { id: "u", blocks: BlockHandle(2),
+    /// #     expect: Expect::Count(1), deadline_ms: None }).unwrap();
+    /// let (mut ingest, mut engine) = ledger.split();
+    /// engine.advance(10).expect("clock forward");
+    /// let _ = ingest.handle_notification(AgentId(0), b"u:1"); // u is drained
+    /// let queued: Vec<_> = engine.drain_queued().collect();
+    /// assert!(matches!(queued[..], [Decision::Expired(_)]));
+    /// assert!(matches!(engine.poll_decision(), Some(Decision::Completed(_))));
+    /// ```
+    pub fn drain_queued(&mut self) -> impl Iterator<Item = Decision> + '_ {
+        core::iter::from_fn(move || self.pop_queued())
+    }
+
+    /// The next queued decision, never one of the ready ring.
+    pub(crate) fn pop_queued(&mut self) -> Option<Decision> {
+        let (slot, kind) = self.owner.decided.pop()?;
+        Some(self.hand_out(slot, kind))
     }
 
     /// Builds the decision of a queued entry from the slot's record and, if it is the

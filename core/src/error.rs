@@ -23,8 +23,8 @@ pub enum RegisterErrorKind {
     DuplicateId,
     /// `Expect::Count` outside `1..=`[`MAX_EDGES`](crate::MAX_EDGES).
     BadCount,
-    /// `Expect::Edges` empty, longer than the ledger's edge capacity `E`, or naming an
-    /// agent twice.
+    /// `Expect::Edges` empty, longer than the ledger's edge capacity `E`, naming an
+    /// agent twice, or naming [`AgentId::STRANGER`](crate::AgentId::STRANGER).
     BadEdges,
 }
 
@@ -47,7 +47,9 @@ impl fmt::Display for RegisterErrorKind {
             RegisterErrorKind::Full => "table full",
             RegisterErrorKind::DuplicateId => "request id already tracked",
             RegisterErrorKind::BadCount => "expected count outside 1..=64",
-            RegisterErrorKind::BadEdges => "edge list empty, too long, or naming an agent twice",
+            RegisterErrorKind::BadEdges => {
+                "edge list empty, too long, naming an agent twice or naming the stranger id"
+            }
         })
     }
 }

@@ -132,6 +132,11 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
         core::iter::from_fn(move || self.poll_decision())
     }
 
+    /// [`Engine::drain_queued`] on one thread.
+    pub fn drain_queued(&mut self) -> impl Iterator<Item = Decision> + '_ {
+        core::iter::from_fn(move || self.engine_half().pop_queued())
+    }
+
     /// [`Engine::queued_decisions`] on one thread.
     pub fn queued_decisions(&self) -> usize {
         self.owner.decided.len()

@@ -186,9 +186,6 @@
 #![deny(unused_must_use)]
 #![warn(missing_docs)]
 
-// The fuzz harnesses (and their `Arbitrary` derives, which name `::std`) use std.
-#[cfg(fuzzing)]
-extern crate std;
 #[cfg(kvdrain_loom)]
 mod broken;
 mod config;
@@ -197,9 +194,6 @@ mod decided;
 mod engine;
 mod error;
 mod fingerprint;
-#[cfg(fuzzing)]
-#[doc(hidden)]
-pub mod fuzzing;
 mod index;
 mod ingest;
 mod ledger;

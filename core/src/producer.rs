@@ -275,6 +275,17 @@ impl PushPlan {
         &self.edges
     }
 
+    /// The edge to consumer rank `d_rank`, if this plan writes it.
+    pub fn edge(&self, d_rank: u16) -> Option<&Edge> {
+        self.edges.iter().find(|e| e.d_rank == d_rank)
+    }
+
+    /// Whether the request ended on this producer ([`retire`](Self::retire)): nothing more
+    /// may be posted.
+    pub fn is_retired(&self) -> bool {
+        self.retired
+    }
+
     fn step(
         &mut self,
         d_rank: u16,
@@ -298,7 +309,7 @@ impl PushPlan {
         if self.retired {
             return Err(PlanError::Retired);
         }
-        match self.edges.iter().find(|e| e.d_rank == d_rank) {
+        match self.edge(d_rank) {
             None => Err(PlanError::UnknownEdge(d_rank)),
             Some(e) if e.state == EdgeState::Planned => Ok(()),
             Some(e) => Err(PlanError::WrongState(d_rank, e.state)),
@@ -357,14 +368,6 @@ impl PushPlan {
             matches!(s, EdgeState::Posted | EdgeState::Unknown)
                 .then_some(EdgeState::Failed { posted: true })
         })
-    }
-
-    /// Alias of [`backend_error`](Self::backend_error), kept for the fuzz harness.
-    ///
-    /// # Errors
-    /// As [`backend_error`](Self::backend_error).
-    pub fn failed(&mut self, d_rank: u16) -> Result<(), PlanError> {
-        self.backend_error(d_rank)
     }
 
     /// The posted WRITE's status cannot be read (NOT_FOUND the producer did not cause): it
@@ -535,8 +538,23 @@ mod tests {
         let mut plan = PushPlan::new(&t, 0, 0).unwrap();
         plan.posted(0).unwrap();
         plan.post_failed(1).unwrap(); // C2
+        assert!(!plan.is_retired());
+        assert_eq!(
+            plan.edge(1).map(|e| e.state),
+            Some(EdgeState::Failed { posted: false })
+        );
         plan.retire(); // the loop unwound: ranks 2 and 3 never attempted
+        assert!(plan.is_retired());
         assert_eq!(plan.may_post(2), Err(PlanError::Retired)); // F4
+        assert_eq!(
+            plan.edge(2).map(|e| e.state),
+            Some(EdgeState::Failed { posted: false })
+        );
+        assert_eq!(plan.edge(0).map(|e| e.state), Some(EdgeState::Posted));
+        assert!(
+            plan.edge(4).is_none(),
+            "no edge to a rank this plan does not write"
+        );
         assert!(plan.owed_notices().eq([1, 2, 3]));
         assert!(!plan.is_terminal()); // rank 0 still in flight: keep the source blocks (F3)
         plan.landed(0).unwrap();
@@ -556,7 +574,7 @@ mod tests {
         let t = topo(1, 1, 2, true);
         let mut plan = PushPlan::new(&t, 0, 0).unwrap();
         plan.posted(0).unwrap();
-        plan.failed(0).unwrap();
+        plan.backend_error(0).unwrap();
         plan.unreachable(1).unwrap();
         assert!(plan.owed_notices().eq([0]));
         assert!(plan.is_terminal());

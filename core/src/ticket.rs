@@ -20,6 +20,15 @@ use core::fmt;
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct AgentId(pub u16);
 
+impl AgentId {
+    /// The id to give a sender the caller cannot name (no registration or introduction
+    /// named it): its notices can never match a named edge, because a registration that
+    /// lists it in [`Expect::Edges`](crate::Expect::Edges) is refused
+    /// ([`BadEdges`](crate::RegisterErrorKind::BadEdges)). Callers number the agents they
+    /// know below it.
+    pub const STRANGER: AgentId = AgentId(u16::MAX);
+}
+
 /// The engine's handle on a request's destination blocks (e.g. its block-table index).
 /// Opaque to kvdrain; handed back only when the blocks may be used.
 #[derive(PartialEq, Eq, Hash, Debug)]

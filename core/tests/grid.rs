@@ -9,7 +9,6 @@ use kvdrain::{
 
 const P0: AgentId = AgentId(0);
 const P1: AgentId = AgentId(1);
-const STRANGER: AgentId = AgentId(9);
 
 type L = Ledger<8, 4>;
 
@@ -76,9 +75,7 @@ fn poll(l: &mut L) -> Vec<&'static str> {
 
 /// The decisions the last `advance` or `fence` queued, not those of the ready ring.
 fn queued(l: &mut L) -> Vec<Decision> {
-    (0..l.queued_decisions())
-        .map(|_| l.poll_decision().expect("a queued decision"))
-        .collect()
+    l.drain_queued().collect()
 }
 
 fn at(l: &mut L, now: u64) -> Vec<&'static str> {
@@ -166,7 +163,7 @@ fn counting_unexpected_sender_is_ignored() {
     let mut l = ledger(4);
     let _t = named(&mut l, "r");
     assert_eq!(
-        ignored(&mut l, STRANGER, b"r:2"),
+        ignored(&mut l, AgentId::STRANGER, b"r:2"),
         IgnoreReason::UnexpectedSender
     );
 }
@@ -300,7 +297,10 @@ fn settling_end_already_reached_releases_with_the_decision() {
 fn settling_notice_abort_and_register_see_a_tracked_decided_request() {
     let (mut l, _) = settled_after(0, 0);
     assert_eq!(ignored(&mut l, P0, b"PUSH_FAIL:r:2"), IgnoreReason::Late);
-    assert_eq!(ignored(&mut l, STRANGER, b"r:2"), IgnoreReason::Late);
+    assert_eq!(
+        ignored(&mut l, AgentId::STRANGER, b"r:2"),
+        IgnoreReason::Late
+    );
     assert_eq!(l.abort_id("r").map(|_| ()), Err(AbortError::Late));
     let again = Registration {
         id: "r",
@@ -940,6 +940,18 @@ fn invalid_expectations_are_refused() {
         l.register(r).expect_err("more than E").kind,
         RegisterErrorKind::BadEdges
     );
+    // The stranger id can never be an edge, so a sender nobody named matches none.
+    let r = Registration {
+        id: "r",
+        blocks: BlockHandle(1),
+        expect: Expect::Edges(&[P0, AgentId::STRANGER]),
+        deadline_ms: None,
+    };
+    assert_eq!(
+        l.register(r).expect_err("the stranger as an edge").kind,
+        RegisterErrorKind::BadEdges
+    );
+    assert!(l.is_empty());
 }
 
 #[test]

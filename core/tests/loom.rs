@@ -399,8 +399,7 @@ impl Judge {
     /// Pulls exactly the decisions the last `advance` or `fence` queued (not those of
     /// requests the ingest thread drained: `poll` takes those).
     fn queued<const N: usize, const E: usize>(&mut self, engine: &mut Engine<'_, N, E>) {
-        for _ in 0..engine.queued_decisions() {
-            let d = engine.poll_decision().expect("a queued decision");
+        for d in engine.drain_queued() {
             self.decision(d);
         }
     }

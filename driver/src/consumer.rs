@@ -10,7 +10,7 @@
 //! ```
 //!
 //! * **Directory**: producer agent names get [`AgentId`]s when their engine is added, never
-//!   from traffic; a sender nobody introduced is [`AgentDirectory::STRANGER`] and matches no
+//!   from traffic; a sender nobody introduced is [`AgentId::STRANGER`] and matches no
 //!   edge.
 //! * **Registration**: the edges of this rank come from the producer engine's topology
 //!   ([`Topology::producers_of`]); named edges when every producer is named and they fit
@@ -349,7 +349,7 @@ impl<const N: usize, const E: usize> ConsumerIngest<'_, N, E> {
     pub fn ingest<'m>(&mut self, sender: &str, bytes: &'m [u8]) -> Result<Noticed, Ignored<'m>> {
         self.state.notifications += 1;
         let id = self.directory.id_or_stranger(sender);
-        if id == AgentDirectory::STRANGER {
+        if id == AgentId::STRANGER {
             self.state.from_strangers += 1;
         }
         self.ingest.handle_notification(id, bytes)
@@ -669,7 +669,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         let expect = if mode == EdgeMode::Named
             && ids.len() <= E
             && ids.len() as u32 == expected
-            && !ids.contains(&AgentDirectory::STRANGER)
+            && !ids.contains(&AgentId::STRANGER)
         {
             Expect::Edges(&ids)
         } else {
@@ -807,11 +807,8 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     /// Takes the decisions the last core `gone`, `fence` or `advance` queued, in order (those of
     /// requests the ingest half drained stay for [`take_ready`](Self::take_ready)).
     fn take_queued(&mut self) {
-        for _ in 0..self.engine.queued_decisions() {
-            match self.engine.poll_decision() {
-                Some(d) => self.state.queue(d),
-                None => break,
-            }
+        for d in self.engine.drain_queued() {
+            self.state.queue(d);
         }
     }
 

@@ -3,7 +3,7 @@
 //! NIXL identifies a notification's sender only by its agent name (`docs/nixl.md#sender`);
 //! the core counts named edges by [`AgentId`]. Names are interned when the consumer loads a
 //! producer's metadata, never from incoming traffic: a sender nobody introduced maps to
-//! [`AgentDirectory::STRANGER`], which matches no edge, so garbage senders create no state.
+//! [`AgentId::STRANGER`], which matches no edge, so garbage senders create no state.
 
 use std::collections::HashMap;
 
@@ -22,8 +22,6 @@ pub struct AgentDirectory {
 pub struct DirectoryFull(pub String);
 
 impl AgentDirectory {
-    /// The id of every sender that was never introduced.
-    pub const STRANGER: AgentId = AgentId(u16::MAX);
     /// Most names a directory holds.
     pub const CAPACITY: usize = u16::MAX as usize;
 
@@ -37,7 +35,7 @@ impl AgentDirectory {
         }
         let id = u16::try_from(self.names.len())
             .ok()
-            .filter(|&i| i != Self::STRANGER.0)
+            .filter(|&i| i != AgentId::STRANGER.0)
             .map(AgentId)
             .ok_or_else(|| DirectoryFull(name.to_owned()))?;
         self.ids.insert(name.to_owned(), id);
@@ -50,9 +48,9 @@ impl AgentDirectory {
         self.ids.get(name).copied()
     }
 
-    /// The id of `name`, or [`Self::STRANGER`].
+    /// The id of `name`, or [`AgentId::STRANGER`].
     pub fn id_or_stranger(&self, name: &str) -> AgentId {
-        self.get(name).unwrap_or(Self::STRANGER)
+        self.get(name).unwrap_or(AgentId::STRANGER)
     }
 
     /// The name of `id`.
@@ -72,7 +70,7 @@ mod tests {
         assert_eq!(d.intern("p1").unwrap(), AgentId(1));
         assert_eq!(d.intern("p0").unwrap(), a);
         assert_eq!(d.name(a), Some("p0"));
-        assert_eq!(d.id_or_stranger("who"), AgentDirectory::STRANGER);
+        assert_eq!(d.id_or_stranger("who"), AgentId::STRANGER);
         assert_eq!(d.get("who"), None);
     }
 }

@@ -28,7 +28,8 @@
 //!   terminal (F3).
 //!
 //! Drive it by calling [`ProducerDriver::tick`] with the transport and the monotonic time,
-//! then [`ProducerDriver::poll_event`] until `None`.
+//! then [`ProducerDriver::poll_event`] until `None`; [`ProducerDriver::next_wakeup_ms`] says
+//! when the next tick has work if no input comes first.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -240,6 +241,9 @@ pub struct ProducerDriver<W> {
     now: u64,
     /// No offer's lease ends before this (a lower bound: heartbeats only push leases out).
     offers_expire_from: u64,
+    /// An `offer` or `retire` since the last tick left work for the next one (a push to
+    /// start, notices owed, sources to release).
+    work_queued: bool,
 }
 
 impl<W> std::fmt::Debug for ProducerDriver<W> {
@@ -291,6 +295,7 @@ impl<W> ProducerDriver<W> {
             inbox: Vec::new(),
             now: 0,
             offers_expire_from: u64::MAX,
+            work_queued: false,
             config,
         }
     }
@@ -308,6 +313,27 @@ impl<W> ProducerDriver<W> {
     /// Requests offered, stashed-and-paired or being pushed (not yet done here).
     pub fn in_flight(&self) -> usize {
         self.offers.len() + self.pushes.len()
+    }
+
+    /// The earliest monotonic time at which [`tick`](Self::tick) has work that no new input
+    /// brings: an offer's or a push's lease runs out, or (the driver's own clock: at once) an
+    /// [`offer`](Self::offer) or [`retire`](Self::retire) since the last tick left a push to
+    /// start, notices to send or sources to release. `None` when only new input can change
+    /// anything: a notification, an offer, a retire, or a posted WRITE's status changing in
+    /// the transport (a transport that cannot wake its caller for that is polled while
+    /// [`in_flight`](Self::in_flight) is not 0). An engine loop (or a simulator) may sleep
+    /// until then or the next input, whichever comes first.
+    pub fn next_wakeup_ms(&self) -> Option<u64> {
+        if self.work_queued {
+            return Some(self.now);
+        }
+        let offers = self.offers.iter().map(|(_, o)| o.lease_until);
+        let pushes = self
+            .pushes
+            .values()
+            .filter(|p| p.source.is_some() && !p.plan.is_retired())
+            .map(|p| p.lease_until);
+        offers.chain(pushes).min()
     }
 
     /// Requests whose sources stay fenced because a WRITE's status is unknown (F7): no
@@ -349,6 +375,7 @@ impl<W> ProducerDriver<W> {
         self.offers_expire_from = self.offers_expire_from.min(entry.lease_until);
         if let Some((_, reg)) = self.stash.take(&keys) {
             self.begin(keys, reg, Some(entry));
+            self.work_queued = true;
             return Ok(());
         }
         match self.offers.insert(keys, entry) {
@@ -377,12 +404,14 @@ impl<W> ProducerDriver<W> {
         self.remember_retired(keys.clone(), pushed_for);
         if let Some(push) = self.pushes.get_mut(request_id) {
             push.plan.retire();
+            self.work_queued = true;
         } else if self.offers.remove(request_id).is_some() {
             self.release_source(request_id);
         } else if let Some((_, reg)) = self.stash.take(&keys) {
             // Registered but never offered: it will never be pushed; say so now (F4).
             self.counters.registrations_retired += 1;
             self.begin(keys, reg, None);
+            self.work_queued = true;
         }
     }
 
@@ -408,6 +437,8 @@ impl<W> ProducerDriver<W> {
         inbox.clear();
         self.inbox = inbox;
         drained?;
+        // Whatever `offer` or `retire` left is done by this tick.
+        self.work_queued = false;
         while let Some(gone) = transport.peer_gone() {
             if let GonePeer::ConsumerRank { engine, rank } = gone {
                 self.peer_failed(&engine, rank);
@@ -418,7 +449,7 @@ impl<W> ProducerDriver<W> {
         let mut pushes = std::mem::take(&mut self.pushes);
         let mut errored = Vec::new();
         for push in pushes.values_mut() {
-            if push.lease_until <= self.now && push.source.is_some() && !push.plan_retired() {
+            if push.lease_until <= self.now && push.source.is_some() && !push.plan.is_retired() {
                 self.counters.leases_expired += 1;
                 push.plan.retire();
                 self.remember_retired(push.keys.clone(), Some(answered(&push.registration)));
@@ -735,7 +766,7 @@ impl<W> ProducerDriver<W> {
             match transport.poll_write(&mut push.writes[i].1) {
                 WriteStatus::InProgress => i += 1,
                 WriteStatus::Unknown => {
-                    if edge_state(&push.plan, d) == Some(EdgeState::Posted) {
+                    if push.plan.edge(d).map(|e| e.state) == Some(EdgeState::Posted) {
                         tracing::warn!(
                             d_rank = d,
                             cause = "status_unknown",
@@ -780,7 +811,7 @@ impl<W> ProducerDriver<W> {
         let mut bounded = 0;
         for push in self.pushes.values_mut() {
             if push.registration.decode_engine_id != engine
-                || edge_state(&push.plan, d) != Some(EdgeState::Unknown)
+                || push.plan.edge(d).map(|e| e.state) != Some(EdgeState::Unknown)
             {
                 continue;
             }
@@ -862,14 +893,4 @@ impl<W> ProducerDriver<W> {
             }
         }
     }
-}
-
-impl<W> Push<W> {
-    fn plan_retired(&self) -> bool {
-        self.plan.may_post(u16::MAX) == Err(PlanError::Retired)
-    }
-}
-
-fn edge_state(plan: &PushPlan, d: u16) -> Option<EdgeState> {
-    plan.edges().iter().find(|e| e.d_rank == d).map(|e| e.state)
 }

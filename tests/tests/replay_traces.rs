@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::Path;
 
-use kvdrain_cli::replay::{ReplayError, replay};
+use kvdrain_replay::{ReplayError, replay};
 
 fn check(trace: &Path) -> Result<(), String> {
     let input = fs::read(trace).map_err(|e| e.to_string())?;

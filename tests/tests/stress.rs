@@ -485,8 +485,7 @@ impl EngineRun<'_> {
     /// The decisions the last `fence` or `advance` queued, and not those of requests the
     /// ingest thread drained since (`poll` takes those).
     fn queued<const M: usize, const F: usize>(&mut self, engine: &mut Engine<'_, M, F>) {
-        for _ in 0..engine.queued_decisions() {
-            let d = engine.poll_decision().expect("a queued decision");
+        for d in engine.drain_queued() {
             self.decision(d);
         }
     }

@@ -2,7 +2,7 @@
 //! [`AgentId`] numbers.
 //!
 //! Names get a number when a registration names them; a sender that no registration ever
-//! named is [`STRANGER`], which no edge can match (so in named-edge mode its notices are
+//! named is [`AgentId::STRANGER`], which no edge can match (so in named-edge mode its notices are
 //! `unexpected_sender`, and in counting mode the sender does not matter).
 
 use std::collections::HashMap;
@@ -11,9 +11,6 @@ use kvdrain::AgentId;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
-/// The number of senders that no registration names.
-pub(crate) const STRANGER: AgentId = AgentId(u16::MAX);
-
 /// Names interned so far, both ways.
 #[derive(Debug, Default)]
 pub(crate) struct AgentTable {
@@ -21,14 +18,16 @@ pub(crate) struct AgentTable {
     names: Vec<Py<PyString>>,
 }
 
-/// Every number below [`STRANGER`] is taken.
+/// Every number below [`AgentId::STRANGER`] is taken.
 #[derive(Debug)]
 pub(crate) struct AgentsExhausted;
 
 impl AgentTable {
-    /// The number of `name`, or [`STRANGER`] if no registration named it.
+    /// The number of `name`, or [`AgentId::STRANGER`] if no registration named it.
     pub(crate) fn lookup(&self, name: &str) -> AgentId {
-        self.by_name.get(name).map_or(STRANGER, |&n| AgentId(n))
+        self.by_name
+            .get(name)
+            .map_or(AgentId::STRANGER, |&n| AgentId(n))
     }
 
     /// The number of `name`, giving it the next free one if it has none.
@@ -43,7 +42,7 @@ impl AgentTable {
         let Ok(n) = u16::try_from(self.names.len()) else {
             return Ok(Err(AgentsExhausted));
         };
-        if n == STRANGER.0 {
+        if n == AgentId::STRANGER.0 {
             return Ok(Err(AgentsExhausted));
         }
         self.by_name.insert(text.to_owned(), n);

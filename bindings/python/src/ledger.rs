@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::agents::{AgentTable, STRANGER};
+use crate::agents::AgentTable;
 use crate::decision::Decision;
 use crate::errors::{
     ClockBackwardsError, ConfigError, DuplicateRequestError, FullError, InvalidExpectError,
@@ -386,7 +386,7 @@ impl PyLedger {
                     PyList::new(py, items)?
                 }
             };
-            batch.push((STRANGER, key, messages));
+            batch.push((AgentId::STRANGER, key, messages));
         }
         {
             let agents = lock(py, &self.agents);
@@ -489,7 +489,7 @@ impl PyLedger {
         agent: &Bound<'py, PyString>,
     ) -> PyResult<Bound<'py, PyList>> {
         let agent = lock(py, &self.agents).lookup(agent.to_str()?);
-        if agent == STRANGER {
+        if agent == AgentId::STRANGER {
             return Ok(PyList::empty(py));
         }
         let (_, taken) = self.tracker.fence(py, agent);

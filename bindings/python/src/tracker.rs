@@ -227,16 +227,8 @@ fn taken(requests: &mut Requests, py: Python<'_>, at_ms: u64, d: CoreDecision) -
 
 /// Pulls the decisions the last `advance` or `fence` queued (those of requests the ingest
 /// half drained stay for `poll`, which decides them).
-fn take_queued<const N: usize>(
-    engine: &mut Engine<'_, N, EDGES>,
-    mut each: impl FnMut(CoreDecision),
-) {
-    for _ in 0..engine.queued_decisions() {
-        match engine.poll_decision() {
-            Some(d) => each(d),
-            None => break,
-        }
-    }
+fn take_queued<const N: usize>(engine: &mut Engine<'_, N, EDGES>, each: impl FnMut(CoreDecision)) {
+    engine.drain_queued().for_each(each);
 }
 
 impl<const N: usize> Tracker for Halves<N> {

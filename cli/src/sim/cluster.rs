@@ -161,9 +161,6 @@ impl Cluster {
         agent
     }
 
-    /// An agent that is no producer's.
-    pub const STRANGER: AgentId = AgentId(u16::MAX);
-
     /// The NIXL agent name of `agent`: what the decode ranks' drivers know it by, and the
     /// sender name its notifications carry.
     pub fn agent_name(agent: AgentId) -> String {

@@ -6,7 +6,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use kvdrain::wire::{self, Message};
 use kvdrain::{AgentId, BlockHandle, Config, IgnoreReason, Millis, Noticed, Outstanding};
 use kvdrain::{RegisterErrorKind, producer::Topology};
 use kvdrain_driver::consumer::{
@@ -126,7 +125,7 @@ pub struct World {
     silent: BTreeSet<u64>,
     /// Per producer rank: a tick is queued at the current virtual time.
     tick_queued: Vec<bool>,
-    /// Per producer rank: the latest lease check queued.
+    /// Per producer rank: when the lease check queued last falls.
     lease_check_at: Vec<Millis>,
     writes: BTreeMap<u64, Write>,
     next_write: u64,
@@ -616,7 +615,7 @@ impl World {
             self.faults.wrong_sender += 1;
             let event = Event::Deliver {
                 d,
-                agent: Cluster::STRANGER,
+                agent: AgentId::STRANGER,
                 bytes: notice_bytes(id, tp, false),
                 should: Should::BeIgnored(&["unexpected_sender", "late", "unknown"]),
             };
@@ -870,18 +869,10 @@ impl World {
     }
 
     /// A decode rank's `PUSH_REG` or `HB:` reaches a producer rank (lost if the agent it
-    /// was sent to is gone). A heartbeat may have extended a lease: look again when the
-    /// extension runs out.
+    /// was sent to is gone).
     fn producer_hears(&mut self, from: usize, rank: usize, agent: AgentId, bytes: Vec<u8>) {
         if !self.alive_as(rank, agent) {
             return;
-        }
-        if let Ok(Message::Heartbeat(_)) = wire::parse(&bytes) {
-            let at = self.now + self.producers[rank].config().lease_extension_ms() + 1;
-            if at > self.lease_check_at[rank] {
-                self.lease_check_at[rank] = at;
-                self.agenda.push(at, Event::LeaseCheck { rank, agent });
-            }
         }
         self.inboxes[rank].push((format!("{DECODE_ENGINE}-{from}"), bytes));
         self.want_tick(rank);
@@ -903,9 +894,6 @@ impl World {
             self.violation(format!("producer rank {rank} refused an offer: {e}"));
         }
         self.want_tick(rank);
-        // The lease may end: look then.
-        self.agenda
-            .push(self.now + LEASE + 1, Event::LeaseCheck { rank, agent });
     }
 
     /// Queues one tick of `rank` at the current time (after every event already queued for
@@ -961,6 +949,22 @@ impl World {
         if after.plan_errors > before.plan_errors {
             self.violation(format!("producer rank {rank}: plan step out of order"));
         }
+        self.watch_leases(rank, agent);
+    }
+
+    /// Ticks `rank` again when its driver says a lease ends next (everything else it does
+    /// follows an input, which queues a tick), unless a check at or before then is queued.
+    fn watch_leases(&mut self, rank: usize, agent: AgentId) {
+        let Some(at) = self.producers[rank].next_wakeup_ms() else {
+            return;
+        };
+        let at = at.max(self.now + 1);
+        let queued = self.lease_check_at[rank];
+        if queued > self.now && queued <= at {
+            return;
+        }
+        self.lease_check_at[rank] = at;
+        self.agenda.push(at, Event::LeaseCheck { rank, agent });
     }
 
     /// F3: the source blocks of a request go back only when none of its WRITEs reads them.

@@ -14,18 +14,15 @@
 //! leave none free.
 
 use std::collections::BTreeMap;
-use std::format;
-use std::string::String;
 use std::sync::OnceLock;
-use std::vec::Vec;
 
 use arbitrary::{Arbitrary, Unstructured};
 
-use super::model::{
+use crate::model::{
     MAbortError, MConfig, MDecision, MExpect, MIgnore, MNoticed, MOutstanding, MReject, Model,
 };
-use super::spec_parse::{SpecMessage, spec_parse};
-use crate::{
+use crate::spec_parse::{SpecMessage, spec_parse};
+use kvdrain::{
     AbortError, AgentId, BlockHandle, Config, Decision, Expect, IgnoreReason, Ledger, Noticed,
     Outstanding, Pending, Quarantined, RegisterErrorKind, Registration,
 };
@@ -560,12 +557,7 @@ impl Harness {
     /// The decisions `advance`, `fence` or `gone` queued, and not those of the ready ring (the
     /// model hands those out at its `poll`).
     fn pull_queued(&mut self) -> Vec<MDecision> {
-        (0..self.ledger.queued_decisions())
-            .map(|_| {
-                let d = self.ledger.poll_decision();
-                real_decision(d.expect("a queued decision"))
-            })
-            .collect()
+        self.ledger.drain_queued().map(real_decision).collect()
     }
 
     fn advance(&mut self, now: u64) {

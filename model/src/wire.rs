@@ -6,12 +6,10 @@
 //! * the same bytes read as fields (id, TP size, heartbeat ids): emit → parse gives the
 //!   fields back whenever emitting succeeds.
 
-use std::vec::Vec;
-
 use arbitrary::{Arbitrary, Unstructured};
 
-use super::spec_parse::{SpecMessage, spec_parse};
-use crate::wire::{Body, EncodeError, Message, encode_heartbeat, encode_registration, parse};
+use crate::spec_parse::{SpecMessage, spec_parse};
+use kvdrain::wire::{Body, EncodeError, Message, encode_heartbeat, encode_registration, parse};
 
 /// Runs one fuzz input.
 pub fn wire(data: &[u8]) {
@@ -23,7 +21,7 @@ pub fn wire(data: &[u8]) {
     fields_round_trip(data);
 }
 
-fn agrees_with_spec(data: &[u8], parsed: Result<Message<'_>, crate::wire::ParseError>) {
+fn agrees_with_spec(data: &[u8], parsed: Result<Message<'_>, kvdrain::wire::ParseError>) {
     match (parsed, spec_parse(data)) {
         (
             Ok(Message::Completion(c)),

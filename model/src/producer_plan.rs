@@ -11,13 +11,10 @@
 //!   (completions for landed edges, failure notices for noticed ones), decides when and
 //!   only when every producer edge into it was resolved, in both registration modes.
 
-use std::format;
-use std::vec::Vec;
-
 use arbitrary::{Arbitrary, Unstructured};
 
-use crate::producer::{EdgeState, PlanError, PushPlan, Topology, TopologyError, WriteShape};
-use crate::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration};
+use kvdrain::producer::{EdgeState, PlanError, PushPlan, Topology, TopologyError, WriteShape};
+use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration};
 
 /// Sizes to pick from: small ones, one that does not divide, and some too large.
 const SIZES: [u16; 10] = [1, 2, 4, 1, 2, 8, 3, 0, 16, 128];
@@ -237,7 +234,7 @@ impl Producer {
             }
             Step::Fail { edge, .. } => {
                 let d = self.edge(edge);
-                let result = self.plan.failed(d);
+                let result = self.plan.backend_error(d);
                 let expected = self.transition(d, |s| s == Shadow::Posted, Shadow::FailedPosted);
                 (d, result, expected)
             }

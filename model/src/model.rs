@@ -19,10 +19,8 @@
 //! notice at the current clock.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::string::{String, ToString};
-use std::vec::Vec;
 
-use super::spec_parse::{SpecMessage, spec_parse};
+use crate::spec_parse::{SpecMessage, spec_parse};
 
 /// What a registration waits for.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -153,7 +151,7 @@ impl Request {
     }
 }
 
-/// Settings of the model, as in [`Config`](crate::Config).
+/// Settings of the model, as in [`Config`](kvdrain::Config).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct MConfig {
     pub(crate) capacity: usize,

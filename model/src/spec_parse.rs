@@ -1,8 +1,6 @@
 //! The message rules of `docs/replay-trace.md` ("Message bytes"), written out again in the
 //! plainest way, for the reference model and the `wire` differential check. It shares no
-//! code with [`crate::wire`].
-
-use std::string::{String, ToString};
+//! code with [`kvdrain::wire`].
 
 /// What a consumer makes of one notification, per the spec.
 #[derive(Clone, PartialEq, Eq, Debug)]
