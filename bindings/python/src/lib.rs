@@ -32,6 +32,7 @@
 #![deny(unsafe_code)]
 
 mod agents;
+mod args;
 mod decision;
 mod errors;
 mod ledger;

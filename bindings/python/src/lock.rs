@@ -27,3 +27,9 @@ pub(crate) fn lock<'m, T: Send>(py: Python<'_>, mutex: &'m Mutex<T>) -> MutexGua
         }
     }
 }
+
+/// Locks `mutex` from a thread that does not hold the GIL (inside [`Python::detach`]):
+/// the holder never waits for this thread, so a plain wait is safe.
+pub(crate) fn lock_detached<T: Send>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -16,11 +16,14 @@ The consumer side is :class:`Ledger`; the producer side is :class:`PushPlan` (an
 from __future__ import annotations
 
 from kvdrain._errors import (
+    AllocError,
     ClockBackwardsError,
     ConfigError,
     DuplicateRequestError,
     FullError,
+    InvalidArgumentError,
     InvalidExpectError,
+    InvalidRequestIdError,
     KvdrainError,
     PlanError,
     TopologyError,
@@ -32,12 +35,15 @@ from kvdrain._producer import Outcome, failure_notices, plan_outcomes
 __all__ = [
     "MAX_EDGES",
     "TABLE_SIZES",
+    "AllocError",
     "ClockBackwardsError",
     "ConfigError",
     "Decision",
     "DuplicateRequestError",
     "FullError",
+    "InvalidArgumentError",
     "InvalidExpectError",
+    "InvalidRequestIdError",
     "KvdrainError",
     "Ledger",
     "Outcome",
