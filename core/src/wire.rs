@@ -478,7 +478,11 @@ mod tests {
                 tp_size: 2,
             };
             assert_eq!(c.encode(&mut buf), Err(EncodeError::ReservedPrefix), "{id}");
-            assert_eq!(check_request_id(id), Err(EncodeError::ReservedPrefix), "{id}");
+            assert_eq!(
+                check_request_id(id),
+                Err(EncodeError::ReservedPrefix),
+                "{id}"
+            );
             let n = c.encode_failure(&mut buf).unwrap();
             assert_eq!(parse(&buf[..n]), Ok(Message::Failure(c)));
         }
