@@ -4,6 +4,8 @@ either works or raises a KvdrainError subclass; nothing hangs, nothing is lost."
 
 from __future__ import annotations
 
+import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -320,3 +322,24 @@ def test_no_memory_for_a_ledger_raises_alloc_error() -> None:
         outcomes[headroom_mib] = done.stdout.strip()
     assert outcomes[4] == "alloc" and outcomes[160] == "built", outcomes
     assert set(outcomes.values()) == {"alloc", "built"}, outcomes
+
+
+def test_hammer_three_threads_hostile_inputs_and_finalizers() -> None:
+    """A writer, an engine and a collector thread on one ledger with random and hostile
+    inputs and finalizers that take locks (tests/hammer_child.py), for
+    KVDRAIN_HAMMER_SECONDS (20) in a child process: no deadlock, no exception but the
+    documented ones, every decision sequence legal."""
+    seconds = float(os.environ.get("KVDRAIN_HAMMER_SECONDS", "20"))
+    child = pathlib.Path(__file__).with_name("hammer_child.py")
+    try:
+        done = subprocess.run(
+            [sys.executable, str(child), str(seconds), "11"],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the hammer hung (deadlock)")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+    print(done.stdout)
