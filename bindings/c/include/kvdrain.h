@@ -187,11 +187,13 @@ typedef enum kvdrain_edge_state {
 } kvdrain_edge_state;
 
 // The half that registers, aborts, fences, advances the clock and takes decisions out:
-// one thread at a time (the scheduler thread), concurrently with the ingest half.
+// one thread at a time (the scheduler thread; a second thread's call returns
+// `KVDRAIN_ERR_BUSY`), concurrently with the ingest half.
 typedef struct kvdrain_engine kvdrain_engine;
 
 // The half that feeds notifications: one thread at a time (the thread that drains NIXL
-// notifications), concurrently with the engine half.
+// notifications; a second thread's call returns `KVDRAIN_ERR_BUSY`), concurrently with
+// the engine half.
 typedef struct kvdrain_ingest kvdrain_ingest;
 
 // The owner of a ledger: create with `kvdrain_ledger_new`, split once with
@@ -485,7 +487,9 @@ kvdrain_status kvdrain_engine_get_info(struct kvdrain_engine *engine,
                                        struct kvdrain_engine_info *out);
 
 // Frees the engine half. NULL is accepted; a second free does nothing while another
-// handle of the ledger lives. Must not run concurrently with a call on this handle.
+// handle of the ledger lives. A call still inside this handle (another thread's) is
+// waited for; later calls through it return `KVDRAIN_ERR_FREED` while another handle of
+// the ledger lives.
 //
 // # Safety
 // `engine` is NULL or an engine handle whose ledger group is still allocated.
@@ -534,7 +538,9 @@ kvdrain_status kvdrain_ingest_get_counters(struct kvdrain_ingest *ingest,
                                            struct kvdrain_ingest_counters *out);
 
 // Frees the ingest half. NULL is accepted; a second free does nothing while another
-// handle of the ledger lives. Must not run concurrently with a call on this handle.
+// handle of the ledger lives. A call still inside this handle (another thread's) is
+// waited for; later calls through it return `KVDRAIN_ERR_FREED` while another handle of
+// the ledger lives.
 //
 // # Safety
 // `ingest` is NULL or an ingest handle whose ledger group is still allocated.
@@ -546,8 +552,9 @@ void kvdrain_ingest_free(struct kvdrain_ingest *ingest);
 // `kvdrain_ledger_free`.
 //
 // Errors: `KVDRAIN_ERR_NULL`, `KVDRAIN_ERR_INVALID` (capacity outside
-// `1..=KVDRAIN_MAX_CAPACITY`), `KVDRAIN_ERR_ALLOC` (the construction thread could not
-// start).
+// `1..=KVDRAIN_MAX_CAPACITY`), `KVDRAIN_ERR_ALLOC` (no memory for the ledger or its key
+// table, or the construction thread, whose stack is about 71 MiB of address space,
+// could not start; nothing is left allocated and `*out` is not written).
 //
 // # Safety
 // `config` is NULL or readable; `out` is NULL or writable.

@@ -473,7 +473,9 @@ pub unsafe extern "C" fn kvdrain_engine_get_info(
 }
 
 /// Frees the engine half. NULL is accepted; a second free does nothing while another
-/// handle of the ledger lives. Must not run concurrently with a call on this handle.
+/// handle of the ledger lives. A call still inside this handle (another thread's) is
+/// waited for; later calls through it return `KVDRAIN_ERR_FREED` while another handle of
+/// the ledger lives.
 ///
 /// # Safety
 /// `engine` is NULL or an engine handle whose ledger group is still allocated.

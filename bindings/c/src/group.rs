@@ -101,7 +101,8 @@ pub struct kvdrain_ledger {
 }
 
 /// The half that feeds notifications: one thread at a time (the thread that drains NIXL
-/// notifications), concurrently with the engine half.
+/// notifications; a second thread's call returns `KVDRAIN_ERR_BUSY`), concurrently with
+/// the engine half.
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub struct kvdrain_ingest {
@@ -111,7 +112,8 @@ pub struct kvdrain_ingest {
 }
 
 /// The half that registers, aborts, fences, advances the clock and takes decisions out:
-/// one thread at a time (the scheduler thread), concurrently with the ingest half.
+/// one thread at a time (the scheduler thread; a second thread's call returns
+/// `KVDRAIN_ERR_BUSY`), concurrently with the ingest half.
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub struct kvdrain_engine {

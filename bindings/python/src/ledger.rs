@@ -1,8 +1,8 @@
 //! `kvdrain.Ledger`: the consumer (decode-side) tracker for Python.
 //!
 //! The class is `frozen` and `Sync`: its two halves sit behind their own locks (see
-//! [`crate::tracker`]), so a NIXL writer thread can `feed` while the engine thread
-//! registers, polls and advances, with or without the GIL.
+//! [`crate::tracker`] and, for what runs under them, [`crate::lock`]), so a NIXL writer
+//! thread can `feed` while the engine thread registers, polls and advances.
 
 use std::sync::Mutex;
 
@@ -529,13 +529,17 @@ impl PyLedger {
         notifs: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         let (keys, objects, not_bytes, failure) = Self::read_batch(notifs)?;
+        // The keys as UTF-8 first: a failed conversion makes an exception object, which
+        // may start a collection (and run finalizers), so not under the names lock.
+        let names: Vec<Option<&str>> = keys
+            .iter()
+            .map(|key| key.cast::<PyString>().ok().and_then(|k| k.to_str().ok()))
+            .collect();
         let senders: Vec<AgentId> = {
             let agents = lock(py, &self.agents);
-            keys.iter()
-                .map(|key| match key.cast::<PyString>().map(|k| k.to_str()) {
-                    Ok(Ok(name)) => agents.lookup(name),
-                    _ => STRANGER,
-                })
+            names
+                .iter()
+                .map(|name| name.map_or(STRANGER, |n| agents.lookup(n)))
                 .collect()
         };
         let messages: Vec<Message<'_>> = objects

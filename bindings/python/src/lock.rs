@@ -1,10 +1,30 @@
-//! Locks that never wait while holding the GIL.
+//! Locks that never wait while holding the GIL, and what runs under them.
 //!
-//! Each half of the ledger sits behind its own [`Mutex`]. A thread that finds a half
-//! locked waits with the GIL released ([`Python::detach`]), so the holder can always get
-//! the GIL back and finish: two Python threads can never deadlock on a half and the GIL.
-//! Nothing inside a locked section runs Python code (no callbacks, no `__del__`): objects
-//! are built and dropped after the guard is gone.
+//! The ledger has three locks: its ingest half, its engine half (each a [`Mutex`], see
+//! `tracker.rs`) and its agent-name table (`ledger.rs`). What holds:
+//!
+//! * **Waiting.** A thread that holds the GIL and finds a lock taken waits with the GIL
+//!   released ([`Python::detach`]), so the holder can always get the GIL back and finish:
+//!   two Python threads never deadlock on a lock and the GIL. A thread that runs without
+//!   the GIL (`feed`'s core loop) waits plainly ([`lock_detached`]).
+//! * **No Python code under a lock.** Nothing inside a locked section calls Python, and no
+//!   Python object is dropped or allocated there: the objects a section takes out (the
+//!   blocks of completed requests, refused registrations, names given back) are dropped
+//!   by the caller after the guard is gone, so a `__del__` or weakref callback they run
+//!   may call back into the ledger or take a lock that another thread holds while it
+//!   calls the ledger. Text is converted to UTF-8 (which may raise) before a lock is
+//!   taken. No allocation means no garbage collection can start under a lock; the
+//!   collector's own visits (`__traverse__`, `__clear__`) only try the engine lock and
+//!   skip it when it is held.
+//! * **Order.** A named-edge registration holds the names lock while it takes the engine
+//!   lock (so a refused registration can give its new names back); nothing takes the
+//!   names lock while holding a half's lock, so there is no cycle. `feed` takes the names
+//!   lock and the ingest lock one after the other, not nested.
+//! * **The GIL in `feed`.** Reading the batch (iterating its values, one reference per
+//!   `bytes`) holds the GIL; from `DETACH_AT` (512) messages on, the core loop then runs
+//!   under the ingest lock with the GIL released, on bytes borrowed from the `bytes`
+//!   objects the call holds. So the engine thread waits for a batch's reading, not for
+//!   its core loop.
 
 use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Does the engine thread wait for a whole `feed` batch? Two threads, one ledger.
+
+A writer thread feeds one NIXL-shaped batch of ``--messages`` completions (for ids the
+ledger does not track, so each is one pass of the core's lookup) while the engine thread
+calls ``poll()`` in a loop. Printed: how long the feed took, how many polls ran during it,
+and the longest poll. With the GIL held for the whole batch, the longest poll is about
+as long as the feed (no poll runs in between); with the core loop run without the GIL,
+polls run during the feed, and the longest one waits only for the part of the feed that
+must hold the GIL (reading the batch's objects)."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+
+import kvdrain
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=lambda s: int(s.replace("_", "")), default=2_000_000)
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    led = kvdrain.Ledger(4096)
+    led.register("tracked", None, 1)
+    for rep in range(args.reps):
+        batch = {
+            "P0": [f"u{rep}-{i}:2".encode() for i in range(args.messages // 2)],
+            "P1": [f"v{rep}-{i}:2".encode() for i in range(args.messages // 2)],
+        }
+        started = threading.Event()
+        feeding = threading.Event()
+        span: list[float] = []
+
+        def writer() -> None:
+            started.wait()
+            feeding.set()
+            t0 = time.perf_counter()
+            led.feed(batch)
+            span.extend([t0, time.perf_counter()])
+            feeding.clear()
+
+        t = threading.Thread(target=writer)
+        t.start()
+        polls: list[tuple[float, float]] = []
+        started.set()
+        feeding.wait()
+        while feeding.is_set():
+            a = time.perf_counter()
+            led.poll()
+            polls.append((a, time.perf_counter()))
+        t.join()
+        t0, t1 = span
+        during = [(a, b) for a, b in polls if b > t0 and a < t1]
+        longest = max((b - a for a, b in during), default=t1 - t0)
+        print(
+            f"feed of {args.messages:,} messages: {(t1 - t0) * 1e3:.1f} ms; "
+            f"{len(during):,} polls ran during it, the longest {longest * 1e3:.2f} ms "
+            f"({longest / (t1 - t0):.0%} of the feed)"
+        )
+
+
+if __name__ == "__main__":
+    main()
