@@ -6,11 +6,9 @@
 
 use std::sync::Mutex;
 
-use kvdrain::{AbortError, AgentId, ClockError, Config, Outstanding, RegisterErrorKind};
+use kvdrain::{AbortError, ClockError, Config, Outstanding, RegisterErrorKind};
 use pyo3::prelude::*;
-use pyo3::types::{
-    PyBool, PyByteArray, PyBytes, PyDict, PyInt, PyList, PyMemoryView, PyString, PyTuple,
-};
+use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::agents::{AgentTable, STRANGER};
@@ -20,8 +18,9 @@ use crate::errors::{
     AllocError, ClockBackwardsError, ConfigError, DuplicateRequestError, FullError,
     InvalidArgumentError, InvalidExpectError, InvalidRequestIdError, UnknownRequestError,
 };
+use crate::feed::BatchReader;
 use crate::lock::lock;
-use crate::tracker::{self, BuildError, EDGES, Entry, Message, Refusal, Taken, Tracker};
+use crate::tracker::{self, BuildError, EDGES, Entry, Refusal, Taken, Tracker};
 
 fn invalid_argument(why: String) -> PyErr {
     InvalidArgumentError::new_err(why)
@@ -64,10 +63,6 @@ enum ExpectArg<'py> {
     /// `1..=EDGES` distinct names, each valid UTF-8.
     Agents(Vec<Bound<'py, PyString>>),
 }
-
-/// The first exception from reading a `feed` batch, raised after what came before it was
-/// fed.
-type FeedFailure = Option<PyErr>;
 
 impl PyLedger {
     fn decisions<'py>(&self, py: Python<'py>, taken: Vec<Taken>) -> PyResult<Bound<'py, PyList>> {
@@ -266,72 +261,6 @@ impl PyLedger {
         }
         Ok(ExpectArg::Agents(agents))
     }
-
-    /// Reads one value of a `feed` batch (the messages of sender `sender`): a `list`
-    /// element by element, a `bytes`, `bytearray`, `memoryview` or `str` as one message,
-    /// anything else iterable element by element, anything else as one message. Only
-    /// `bytes` messages are fed; the rest are counted in `not_bytes`. The first exception
-    /// from iterating stops the reading.
-    fn read_value<'py>(
-        sender: u32,
-        value: &Bound<'py, PyAny>,
-        out: &mut Vec<(u32, Bound<'py, PyBytes>)>,
-        not_bytes: &mut u64,
-    ) -> Result<(), PyErr> {
-        let mut one = |message: Bound<'py, PyAny>| match message.cast_into::<PyBytes>() {
-            Ok(bytes) => out.push((sender, bytes)),
-            Err(_) => *not_bytes += 1,
-        };
-        if let Ok(list) = value.cast::<PyList>() {
-            list.iter().for_each(&mut one);
-            return Ok(());
-        }
-        let single = value.is_instance_of::<PyBytes>()
-            || value.is_instance_of::<PyByteArray>()
-            || value.is_instance_of::<PyMemoryView>()
-            || value.is_instance_of::<PyString>();
-        match value.try_iter() {
-            Ok(items) if !single => {
-                for item in items {
-                    one(item?);
-                }
-            }
-            _ => one(value.clone()),
-        }
-        Ok(())
-    }
-
-    /// Reads a `feed` batch into `(sender, bytes)` pairs, up to the first exception.
-    #[allow(clippy::type_complexity)]
-    fn read_batch<'py>(
-        notifs: &Bound<'py, PyAny>,
-    ) -> PyResult<(
-        Vec<Bound<'py, PyAny>>,
-        Vec<(u32, Bound<'py, PyBytes>)>,
-        u64,
-        FeedFailure,
-    )> {
-        let mut keys = Vec::new();
-        let mut messages = Vec::new();
-        let mut not_bytes = 0;
-        let mut read = |key: Bound<'py, PyAny>, value: &Bound<'py, PyAny>| {
-            let sender = u32::try_from(keys.len()).unwrap_or(u32::MAX);
-            keys.push(key);
-            Self::read_value(sender, value, &mut messages, &mut not_bytes)
-        };
-        let failure = match notifs.cast::<PyDict>() {
-            Ok(dict) => dict.iter().try_for_each(|(k, v)| read(k, &v)).err(),
-            Err(_) => notifs
-                .call_method0("items")?
-                .try_iter()?
-                .try_for_each(|kv| {
-                    let (k, v): (Bound<'py, PyAny>, Bound<'py, PyAny>) = kv?.extract()?;
-                    read(k, &v)
-                })
-                .err(),
-        };
-        Ok((keys, messages, not_bytes, failure))
-    }
 }
 
 #[pymethods]
@@ -521,46 +450,16 @@ impl PyLedger {
     /// If reading the batch raises (an iterable of messages that raises, even
     /// `KeyboardInterrupt`), the messages read before it are fed, then that very exception
     /// propagates, carrying the producer-bound ones among them as its
-    /// `kvdrain_producer_bound` attribute. From 512 messages on, the batch is fed with
-    /// the GIL released.
+    /// `kvdrain_producer_bound` attribute. The batch is read in chunks (`feed.rs`); a
+    /// chunk of 512 messages or more is fed with the GIL released.
     fn feed<'py>(
         &self,
         py: Python<'py>,
         notifs: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let (keys, objects, not_bytes, failure) = Self::read_batch(notifs)?;
-        // The keys as UTF-8 first: a failed conversion makes an exception object, which
-        // may start a collection (and run finalizers), so not under the names lock.
-        let names: Vec<Option<&str>> = keys
-            .iter()
-            .map(|key| key.cast::<PyString>().ok().and_then(|k| k.to_str().ok()))
-            .collect();
-        let senders: Vec<AgentId> = {
-            let agents = lock(py, &self.agents);
-            names
-                .iter()
-                .map(|name| name.map_or(STRANGER, |n| agents.lookup(n)))
-                .collect()
-        };
-        let messages: Vec<Message<'_>> = objects
-            .iter()
-            .map(|(sender, bytes)| {
-                let agent = senders.get(*sender as usize).copied().unwrap_or(STRANGER);
-                (agent, bytes.as_bytes())
-            })
-            .collect();
-        let mut producer_bound = Vec::new();
-        self.tracker
-            .feed(py, &messages, not_bytes, &mut producer_bound);
-        drop(messages);
-        let out = PyList::empty(py);
-        for at in producer_bound {
-            if let Some((sender, message)) = objects.get(at)
-                && let Some(key) = keys.get(*sender as usize)
-            {
-                out.append(PyTuple::new(py, [key.clone(), message.clone().into_any()])?)?;
-            }
-        }
+        let mut reader = BatchReader::new(py, &*self.tracker, &self.agents);
+        let failure = reader.read(notifs)?;
+        let out = reader.finish()?;
         match failure {
             None => Ok(out),
             Some(e) => {

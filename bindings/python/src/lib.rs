@@ -39,6 +39,7 @@ mod agents;
 mod args;
 mod decision;
 mod errors;
+mod feed;
 mod ledger;
 mod lock;
 mod producer;

@@ -21,10 +21,10 @@
 //!   names lock while holding a half's lock, so there is no cycle. `feed` takes the names
 //!   lock and the ingest lock one after the other, not nested.
 //! * **The GIL in `feed`.** Reading the batch (iterating its values, one reference per
-//!   `bytes`) holds the GIL; from `DETACH_AT` (512) messages on, the core loop then runs
-//!   under the ingest lock with the GIL released, on bytes borrowed from the `bytes`
-//!   objects the call holds. So the engine thread waits for a batch's reading, not for
-//!   its core loop.
+//!   `bytes`) holds the GIL; it goes in chunks of 65 536 messages (`feed.rs`), and each
+//!   chunk of `DETACH_AT` (512) messages or more is fed to the core under the ingest lock
+//!   with the GIL released, on bytes borrowed from the `bytes` objects the chunk holds.
+//!   So the engine thread waits for one chunk's reading at most, not for a batch.
 
 use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 

@@ -343,3 +343,23 @@ def test_hammer_three_threads_hostile_inputs_and_finalizers() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().endswith("ok"), done.stdout + done.stderr
     print(done.stdout)
+
+
+def test_a_batch_longer_than_a_chunk_feeds_each_message_once() -> None:
+    """A batch is read and fed in chunks of 65 536 messages: across chunk boundaries,
+    and with an exception after them, every message is fed exactly once."""
+    led = Ledger(16)
+    led.register("r", None, 3)
+    msgs = [b"x:1"] * 70_000 + [b"r:1", b"HB:a"] + [b"y:1"] * 70_000 + [b"r:1"]
+
+    def gen() -> Iterator[bytes]:
+        yield from msgs
+        yield b"r:1"
+        raise ValueError("after the chunks")
+
+    with pytest.raises(ValueError) as e:
+        led.feed({"q": [b"z:1"] * 65_535 + [b"HB:b"], "p": gen()})
+    assert getattr(e.value, "kvdrain_producer_bound") == [("q", b"HB:b"), ("p", b"HB:a")]
+    counters = led.counters()
+    assert counters["unknown"] == 140_000 + 65_535 and counters["completions"] == 3
+    assert [d.kind for d in led.poll()] == ["completed"]

@@ -97,8 +97,9 @@ class Ledger:
         """Feeds one NIXL batch; returns the producer-bound messages. Message content never
         raises; only ``bytes`` are messages (a ``bytes``, ``bytearray``, ``memoryview`` or
         ``str`` value is one message). If reading the batch raises, what was read before
-        is fed and that exception propagates with ``kvdrain_producer_bound`` set. From 512
-        messages on the core loop runs with the GIL released."""
+        is fed and that exception propagates with ``kvdrain_producer_bound`` set. The batch
+        is read in chunks of 65 536 messages; a chunk of 512 or more is fed to the core
+        with the GIL released."""
     def poll(self) -> list[Decision]: ...
     def poll_split(self) -> tuple[list[str], list[Decision]]: ...
     def advance(self, now_ms: int) -> list[Decision]:
