@@ -95,18 +95,19 @@ pub(crate) fn request_id_utf8<'a>(id: &'a Bound<'_, PyString>) -> PyResult<&'a s
 /// [`check_request_id`]): registering it would only ever end in an expiry.
 pub(crate) fn registrable_request_id<'a>(id: &'a Bound<'_, PyString>) -> PyResult<&'a str> {
     let text = request_id_utf8(id)?;
-    match check_request_id(text) {
-        Ok(()) => Ok(text),
-        Err(e) => {
-            let why = match e {
-                EncodeError::EmptyRequestId => "an empty request id can never complete".into(),
-                _ => format!(
-                    "request id {} can never complete: its completion would read as \
-                     another message (HB:, PUSH_FAIL:, PUSH_REG:)",
-                    repr(id)
-                ),
-            };
-            Err(InvalidRequestIdError::new_err((why, id.clone().unbind())))
-        }
-    }
+    check_request_id(text).map_err(|e| cannot_complete(id, e))?;
+    Ok(text)
+}
+
+/// The `InvalidRequestIdError` for an id [`check_request_id`] refused with `e`.
+pub(crate) fn cannot_complete(id: &Bound<'_, PyString>, e: EncodeError) -> PyErr {
+    let why = match e {
+        EncodeError::EmptyRequestId => "an empty request id can never complete".into(),
+        _ => format!(
+            "request id {} can never complete: its completion would read as another \
+             message (HB:, PUSH_FAIL:, PUSH_REG:)",
+            repr(id)
+        ),
+    };
+    InvalidRequestIdError::new_err((why, id.clone().unbind()))
 }

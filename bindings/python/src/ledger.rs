@@ -106,7 +106,18 @@ impl PyLedger {
         )
     }
 
-    /// Registers `(request_id, blocks)` pairs in order, all with `expect`; the first
+    /// A registration's entry, its agents and count not set yet.
+    fn entry(id: Py<PyString>, blocks: Py<PyAny>) -> (Entry, Option<u8>) {
+        let entry = Entry {
+            id,
+            blocks,
+            agents: None,
+        };
+        (entry, None)
+    }
+
+    /// Registers `entries` (their `agents` and counts not set yet) in order, all with
+    /// `expect`; the first
     /// refusal becomes its exception. Named agents are numbered under the names lock, held
     /// until the engine half has answered: if no registration was accepted, the names
     /// this call numbered are forgotten again. Every Python object left over is dropped
@@ -114,25 +125,17 @@ impl PyLedger {
     fn register_entries(
         &self,
         py: Python<'_>,
-        pairs: Vec<(Py<PyString>, Py<PyAny>)>,
+        mut entries: Vec<(Entry, Option<u8>)>,
         expect: &ExpectArg<'_>,
         deadline_ms: Option<u64>,
     ) -> PyResult<()> {
-        if pairs.is_empty() {
+        if entries.is_empty() {
             return Ok(());
         }
-        let entry = |(id, blocks): (Py<PyString>, Py<PyAny>), agents: &tracker::Agents| Entry {
-            id,
-            blocks,
-            agents: agents.clone(),
-        };
-        let total = pairs.len();
+        let total = entries.len();
         let (mut entries, refused, forgotten) = match expect {
             ExpectArg::Count(n) => {
-                let entries: Vec<_> = pairs
-                    .into_iter()
-                    .map(|p| (entry(p, &None), Some(*n)))
-                    .collect();
+                entries.iter_mut().for_each(|(_, count)| *count = Some(*n));
                 let mut entries = entries.into_iter();
                 let refused = self.tracker.register_many(py, &mut entries, deadline_ms);
                 (entries, refused, Vec::new())
@@ -152,16 +155,15 @@ impl PyLedger {
                             drop(forgotten);
                             return Err(InvalidExpectError::new_err((
                                 "more than 65 535 distinct agent names in use",
-                                pairs[0].0.clone_ref(py),
+                                entries[0].0.id.clone_ref(py),
                             )));
                         }
                     }
                 }
                 let agents: tracker::Agents = Some(agents.into());
-                let entries: Vec<_> = pairs
-                    .into_iter()
-                    .map(|p| (entry(p, &agents), None))
-                    .collect();
+                for (entry, _) in &mut entries {
+                    entry.agents.clone_from(&agents);
+                }
                 let mut entries = entries.into_iter();
                 let refused = self.tracker.register_many(py, &mut entries, deadline_ms);
                 let accepted = total - entries.len() - usize::from(refused.is_err());
@@ -204,6 +206,7 @@ impl PyLedger {
                 format!("request id {id} is not valid UTF-8 (it holds a lone surrogate)"),
                 entry.id,
             )),
+            Refusal::CannotComplete(e) => args::cannot_complete(entry.id.bind(py), e),
         }
     }
 
@@ -390,11 +393,11 @@ impl PyLedger {
         expect: &Bound<'_, PyAny>,
         deadline_ms: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        args::registrable_request_id(request_id)?;
+        // The id is checked with the registration (a refusal like the core's).
         let expect = Self::expect_arg(request_id, expect)?;
         let deadline_ms = args::unsigned_opt(deadline_ms, "deadline_ms", invalid_argument)?;
-        let pair = (request_id.clone().unbind(), blocks.clone().unbind());
-        self.register_entries(py, vec![pair], &expect, deadline_ms)
+        let entry = Self::entry(request_id.clone().unbind(), blocks.clone().unbind());
+        self.register_entries(py, vec![entry], &expect, deadline_ms)
     }
 
     /// Registers `request_ids[i]` with `blocks[i]`, all with the same `expect`, in order
@@ -413,17 +416,12 @@ impl PyLedger {
         let deadline_ms = args::unsigned_opt(deadline_ms, "deadline_ms", invalid_argument)?;
         let mut blocks = blocks.try_iter()?;
         let mut parsed: Option<ExpectArg<'py>> = None;
-        let mut pairs = Vec::with_capacity(request_ids.len().unwrap_or(0));
-        // An id that can never complete stops the list there: the ones before it are
-        // registered, then it raises, as a refusal would.
-        let mut bad_id = None;
+        let mut entries = Vec::with_capacity(request_ids.len().unwrap_or(0));
+        // An id that can never complete is refused as the core refuses a registration: the
+        // ones before it stay registered, the ones after it are not.
         for request_id in request_ids.try_iter()? {
             let request_id = request_id?;
             let request_id = request_id.cast_into::<PyString>()?;
-            if let Err(e) = args::registrable_request_id(&request_id) {
-                bad_id = Some(e);
-                break;
-            }
             let Some(block) = blocks.next() else {
                 return Err(InvalidExpectError::new_err((
                     "register_many: fewer blocks than request ids",
@@ -433,12 +431,12 @@ impl PyLedger {
             if parsed.is_none() {
                 parsed = Some(Self::expect_arg(&request_id, expect)?);
             }
-            pairs.push((request_id.unbind(), block?.unbind()));
+            entries.push(Self::entry(request_id.unbind(), block?.unbind()));
         }
-        if let Some(expect) = &parsed {
-            self.register_entries(py, pairs, expect, deadline_ms)?;
+        match &parsed {
+            Some(expect) => self.register_entries(py, entries, expect, deadline_ms),
+            None => Ok(()),
         }
-        bad_id.map_or(Ok(()), Err)
     }
 
     /// Feeds one NIXL batch: the `dict[str, list[bytes]]` that `get_new_notifs()` returns

@@ -19,7 +19,7 @@ use kvdrain::{
 };
 use ouroboros::self_referencing;
 use pyo3::prelude::*;
-use pyo3::types::PyString;
+use pyo3::types::{PyBytes, PyList, PyString};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::decision::Kind;
@@ -79,8 +79,10 @@ pub(crate) const DETACH_AT: usize = 512;
 pub(crate) enum Refusal {
     /// The core refused it.
     Core(RegisterErrorKind),
-    /// Its id is not valid UTF-8 (checked before, so only a `str` changed since).
+    /// Its id is not valid UTF-8.
     NotUtf8,
+    /// Its id can never complete (`kvdrain::wire::check_request_id`).
+    CannotComplete(kvdrain::wire::EncodeError),
 }
 
 /// The table-size-independent face of [`Halves`].
@@ -94,6 +96,16 @@ pub(crate) trait Tracker: Send + Sync {
         messages: &[Message<'_>],
         not_bytes: u64,
         producer_bound: &mut Vec<usize>,
+    );
+    /// Feeds small batches of `list`s with the GIL held, element by element (no copy of
+    /// the references): `(agent, list)` per sender; entries that are not `bytes` are
+    /// counted. Pushes `(sender position, message)` for each producer-bound message.
+    /// Nothing here runs Python code, so no other thread can change the lists meanwhile.
+    fn feed_lists<'py>(
+        &self,
+        py: Python<'py>,
+        batch: &[(AgentId, Bound<'py, PyList>)],
+        producer_bound: &mut Vec<(usize, Bound<'py, PyAny>)>,
     );
     /// Registers each `(entry, count)` in order under one lock; stops at the first refusal
     /// and hands back why, and the refused entry. The entries after it are left in
@@ -314,6 +326,30 @@ impl<const N: usize> Tracker for Halves<N> {
         });
     }
 
+    fn feed_lists<'py>(
+        &self,
+        py: Python<'py>,
+        batch: &[(AgentId, Bound<'py, PyList>)],
+        producer_bound: &mut Vec<(usize, Bound<'py, PyAny>)>,
+    ) {
+        self.with_sides(|sides| {
+            let mut side = lock(py, &sides.ingest);
+            for (sender, (agent, messages)) in batch.iter().enumerate() {
+                for message in messages.iter() {
+                    let Ok(bytes) = message.cast::<PyBytes>() else {
+                        side.not_bytes += 1;
+                        continue;
+                    };
+                    if let Err(ignored) = side.ingest.handle_notification(*agent, bytes.as_bytes())
+                        && ignored.reason == kvdrain::IgnoreReason::NotForConsumer
+                    {
+                        producer_bound.push((sender, message.clone()));
+                    }
+                }
+            }
+        });
+    }
+
     fn register_many(
         &self,
         py: Python<'_>,
@@ -327,6 +363,9 @@ impl<const N: usize> Tracker for Halves<N> {
                 let Ok(id) = id_object.to_str() else {
                     return Err((Refusal::NotUtf8, entry));
                 };
+                if let Err(e) = kvdrain::wire::check_request_id(id) {
+                    return Err((Refusal::CannotComplete(e), entry));
+                }
                 let expect = match count {
                     Some(n) => Expect::Count(n),
                     None => Expect::Edges(entry.agents.as_deref().unwrap_or_default()),
