@@ -81,35 +81,35 @@ impl<'a, 'py> BatchReader<'a, 'py> {
     /// not of that shape (nothing was read).
     fn small_lists(&mut self, dict: &Bound<'py, PyDict>) -> PyResult<bool> {
         let mut total = 0;
-        let mut batch = Vec::with_capacity(dict.len());
+        let mut batch: Vec<(AgentId, Bound<'py, PyList>, Bound<'py, PyAny>)> =
+            Vec::with_capacity(dict.len());
         for (key, value) in dict.iter() {
             let Ok(list) = value.cast_into::<PyList>() else {
                 return Ok(false);
             };
             total += list.len();
-            if total >= DETACH_AT {
+            // A key that is not a UTF-8 `str` takes the general path: converting it
+            // makes an exception object.
+            let utf8 = key.cast::<PyString>().is_ok_and(|k| k.to_str().is_ok());
+            if total >= DETACH_AT || !utf8 {
                 return Ok(false);
             }
-            batch.push((key, list));
+            batch.push((STRANGER, list, key));
         }
-        let names: Vec<Option<&str>> = batch
-            .iter()
-            .map(|(key, _)| key.cast::<PyString>().ok().and_then(|k| k.to_str().ok()))
-            .collect();
-        let lists: Vec<(AgentId, Bound<'py, PyList>)> = {
+        {
             let agents = lock(self.py, self.agents);
-            let agent = |name: &Option<&str>| name.map_or(STRANGER, |n| agents.lookup(n));
-            names
-                .iter()
-                .map(agent)
-                .zip(batch.iter().map(|(_, l)| l.clone()))
-                .collect()
-        };
+            for (agent, _, key) in &mut batch {
+                // Converted above: the UTF-8 is at hand, nothing is allocated.
+                if let Ok(Ok(name)) = key.cast::<PyString>().map(|k| k.to_str()) {
+                    *agent = agents.lookup(name);
+                }
+            }
+        }
         let mut producer_bound = Vec::new();
         self.tracker
-            .feed_lists(self.py, &lists, &mut producer_bound);
+            .feed_lists(self.py, &batch, &mut producer_bound);
         for (sender, message) in producer_bound {
-            if let Some((key, _)) = batch.get(sender) {
+            if let Some((_, _, key)) = batch.get(sender) {
                 let pair = PyTuple::new(self.py, [key.clone(), message])?;
                 self.producer_bound.append(pair)?;
             }

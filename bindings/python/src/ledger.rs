@@ -482,8 +482,9 @@ impl PyLedger {
         &self,
         py: Python<'py>,
     ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
-        let mut completed = Vec::new();
-        let mut blocks = Vec::new();
+        // Sized for a step's completions: growing them costs more than the call.
+        let mut completed = Vec::with_capacity(64);
+        let mut blocks = Vec::with_capacity(64);
         let mut others = Vec::new();
         self.tracker
             .poll_split(py, &mut completed, &mut blocks, &mut others);

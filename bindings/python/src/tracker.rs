@@ -98,13 +98,13 @@ pub(crate) trait Tracker: Send + Sync {
         producer_bound: &mut Vec<usize>,
     );
     /// Feeds small batches of `list`s with the GIL held, element by element (no copy of
-    /// the references): `(agent, list)` per sender; entries that are not `bytes` are
+    /// the references): `(agent, list, key)` per sender; entries that are not `bytes` are
     /// counted. Pushes `(sender position, message)` for each producer-bound message.
     /// Nothing here runs Python code, so no other thread can change the lists meanwhile.
     fn feed_lists<'py>(
         &self,
         py: Python<'py>,
-        batch: &[(AgentId, Bound<'py, PyList>)],
+        batch: &[(AgentId, Bound<'py, PyList>, Bound<'py, PyAny>)],
         producer_bound: &mut Vec<(usize, Bound<'py, PyAny>)>,
     );
     /// Registers each `(entry, count)` in order under one lock; stops at the first refusal
@@ -329,12 +329,12 @@ impl<const N: usize> Tracker for Halves<N> {
     fn feed_lists<'py>(
         &self,
         py: Python<'py>,
-        batch: &[(AgentId, Bound<'py, PyList>)],
+        batch: &[(AgentId, Bound<'py, PyList>, Bound<'py, PyAny>)],
         producer_bound: &mut Vec<(usize, Bound<'py, PyAny>)>,
     ) {
         self.with_sides(|sides| {
             let mut side = lock(py, &sides.ingest);
-            for (sender, (agent, messages)) in batch.iter().enumerate() {
+            for (sender, (agent, messages, _)) in batch.iter().enumerate() {
                 for message in messages.iter() {
                     let Ok(bytes) = message.cast::<PyBytes>() else {
                         side.not_bytes += 1;
