@@ -7,10 +7,11 @@
 //!   released ([`Python::detach`]), so the holder can always get the GIL back and finish:
 //!   two Python threads never deadlock on a lock and the GIL. A thread that runs without
 //!   the GIL (`feed`'s core loop) waits plainly ([`lock_detached`]).
-//! * **No Python code under a lock.** Nothing inside a locked section calls Python, and no
-//!   Python object is dropped or allocated there: the objects a section takes out (the
-//!   blocks of completed requests, refused registrations, names given back) are dropped
-//!   by the caller after the guard is gone, so a `__del__` or weakref callback they run
+//! * **No Python code under a lock.** Nothing inside a locked section calls Python, no
+//!   Python object is allocated there, and no reference that could be an object's last
+//!   is released there: the objects a section takes out (the blocks of completed
+//!   requests, refused registrations, names given back) are dropped by the caller after
+//!   the guard is gone, so a `__del__` or weakref callback they run
 //!   may call back into the ledger or take a lock that another thread holds while it
 //!   calls the ledger. Text is converted to UTF-8 (which may raise) before a lock is
 //!   taken. No allocation means no garbage collection can start under a lock; the
