@@ -2,7 +2,9 @@
 # `make c-test`: the C ABI end to end.
 #   1. the committed header is what cbindgen generates now (fails when stale);
 #   2. bindings/c/tests/catalogue.c against the static library, under AddressSanitizer and
-#      UndefinedBehaviorSanitizer (the Rust library is built normally, in release);
+#      UndefinedBehaviorSanitizer (the Rust library is built normally, in release); then
+#      bindings/c/tests/hammer.c, sanitized too, for HAMMER_SECONDS (20) in all, and
+#      bindings/c/tests/alloc_limit.c (out of memory), unsanitized;
 #   3. the C++ RAII example (bindings/c/examples/raii.cpp), sanitized too;
 #   4. the README's "Use from C/C++" example, extracted and compiled as written;
 #   5. `make install` (the Makefile's target itself) into a temporary PREFIX, then the
@@ -39,6 +41,16 @@ log "catalogue.c, static library, ASan+UBSan"
 "$CC" -std=c11 -g -O1 -Wall -Wextra -Werror "${san[@]}" -Ibindings/c/include \
     bindings/c/tests/catalogue.c "$lib" "${libs[@]}" -o "$work/catalogue"
 "$work/catalogue"
+
+log "hammer.c (free orders with racing calls, garbage, two threads on one half), ASan+UBSan"
+"$CC" -std=c11 -g -O1 -Wall -Wextra -Werror "${san[@]}" -Ibindings/c/include \
+    bindings/c/tests/hammer.c "$lib" "${libs[@]}" -o "$work/hammer"
+"$work/hammer" "${HAMMER_SECONDS:-20}"
+
+log "alloc_limit.c: kvdrain_ledger_new under RLIMIT_AS returns KVDRAIN_ERR_ALLOC (no sanitizer)"
+"$CC" -std=c11 -g -O1 -Wall -Wextra -Werror -D_DEFAULT_SOURCE -Ibindings/c/include \
+    bindings/c/tests/alloc_limit.c "$lib" "${libs[@]}" -o "$work/alloc_limit"
+"$work/alloc_limit"
 
 log "examples/raii.cpp, ASan+UBSan"
 "$CXX" -std=c++17 -g -O1 -Wall -Wextra -Werror "${san[@]}" -Ibindings/c/include \

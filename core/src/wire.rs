@@ -243,17 +243,8 @@ impl Body<'_> {
             return Err(EncodeError::ZeroTpSize);
         }
         // After `PUSH_FAIL:` any id reads back; a bare completion must not start like
-        // another message, counting the `:` that follows the id (id `HB` gives `HB:2`).
-        let id = self.request_id.as_bytes();
-        let reserved = |p: &[u8]| {
-            let n = p.len() - 1;
-            id.get(..n) == Some(&p[..n]) && id.get(n).is_none_or(|&b| b == b':')
-        };
-        if prefix.is_empty()
-            && [HEARTBEAT_PREFIX, PUSH_FAIL_PREFIX, PUSH_REG_PREFIX]
-                .into_iter()
-                .any(reserved)
-        {
+        // another message.
+        if prefix.is_empty() && completion_reads_as_another_message(self.request_id) {
             return Err(EncodeError::ReservedPrefix);
         }
         let (digits, n) = decimal(self.tp_size);
@@ -264,6 +255,39 @@ impl Body<'_> {
         o.put(b":");
         o.put(&digits[..n]);
         Ok(needed)
+    }
+}
+
+/// Whether the completion `{request_id}:{tp}` starts like another message, counting the
+/// `:` that follows the id (id `HB` gives `HB:2`), and so parses as it.
+fn completion_reads_as_another_message(request_id: &str) -> bool {
+    let id = request_id.as_bytes();
+    let reserved = |p: &[u8]| {
+        let n = p.len() - 1;
+        id.get(..n) == Some(&p[..n]) && id.get(n).is_none_or(|&b| b == b':')
+    };
+    [HEARTBEAT_PREFIX, PUSH_FAIL_PREFIX, PUSH_REG_PREFIX]
+        .into_iter()
+        .any(reserved)
+}
+
+/// Whether a request registered under `request_id` could ever complete: `Err` when its
+/// completions cannot exist on the wire, because the id is empty
+/// ([`EncodeError::EmptyRequestId`]) or its completion would parse as another message
+/// ([`EncodeError::ReservedPrefix`]: ids `HB`, `HB:...`, `PUSH_REG:...`,
+/// `PUSH_FAIL:...`). [`Engine::register`](crate::Engine::register) accepts such ids (a
+/// replay trace may register them, and they expire); an API that wants to refuse them
+/// up front asks this.
+///
+/// # Errors
+/// As above.
+pub fn check_request_id(request_id: &str) -> Result<(), EncodeError> {
+    if request_id.is_empty() {
+        Err(EncodeError::EmptyRequestId)
+    } else if completion_reads_as_another_message(request_id) {
+        Err(EncodeError::ReservedPrefix)
+    } else {
+        Ok(())
     }
 }
 
@@ -453,6 +477,11 @@ mod tests {
                 tp_size: 2,
             };
             assert_eq!(c.encode(&mut buf), Err(EncodeError::ReservedPrefix), "{id}");
+            assert_eq!(
+                check_request_id(id),
+                Err(EncodeError::ReservedPrefix),
+                "{id}"
+            );
             let n = c.encode_failure(&mut buf).unwrap();
             assert_eq!(parse(&buf[..n]), Ok(Message::Failure(c)));
         }
@@ -463,7 +492,9 @@ mod tests {
             };
             let n = c.encode(&mut buf).unwrap();
             assert_eq!(parse(&buf[..n]), Ok(Message::Completion(c)), "{id}");
+            assert_eq!(check_request_id(id), Ok(()), "{id}");
         }
+        assert_eq!(check_request_id(""), Err(EncodeError::EmptyRequestId));
     }
 
     #[test]

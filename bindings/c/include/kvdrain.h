@@ -84,9 +84,13 @@ enum kvdrain_status
   KVDRAIN_ERR_PANIC = 3,
   // The handle was freed (`*_free`), or it is a half whose ledger was freed.
   KVDRAIN_ERR_FREED = 4,
-  // `kvdrain_ledger_split` was called a second time.
+  // Another call is inside this handle right now (two threads on one half or one push
+  // plan: nothing was done, the other call is unaffected); or `kvdrain_ledger_split`
+  // was called a second time.
   KVDRAIN_ERR_BUSY = 5,
-  // The ledger could not be built (no memory or no thread for its construction).
+  // The ledger could not be built: no memory for its tables (13.8 MiB) or its key
+  // table, or no thread (with a stack for its construction) could start. Nothing was
+  // allocated.
   KVDRAIN_ERR_ALLOC = 6,
   // Register: the table holds `capacity` requests; nothing changed, nothing evicted.
   KVDRAIN_ERR_FULL = 7,
@@ -206,11 +210,13 @@ typedef enum kvdrain_edge_state {
 } kvdrain_edge_state;
 
 // The half that registers, aborts, fences, advances the clock and takes decisions out:
-// one thread at a time (the scheduler thread), concurrently with the ingest half.
+// one thread at a time (the scheduler thread; a second thread's call returns
+// `KVDRAIN_ERR_BUSY`), concurrently with the ingest half.
 typedef struct kvdrain_engine kvdrain_engine;
 
 // The half that feeds notifications: one thread at a time (the thread that drains NIXL
-// notifications), concurrently with the engine half.
+// notifications; a second thread's call returns `KVDRAIN_ERR_BUSY`), concurrently with
+// the engine half.
 typedef struct kvdrain_ingest kvdrain_ingest;
 
 // The owner of a ledger: create with `kvdrain_ledger_new`, split once with
@@ -218,8 +224,8 @@ typedef struct kvdrain_ingest kvdrain_ingest;
 typedef struct kvdrain_ledger kvdrain_ledger;
 
 // The producer-side record of one request on one producer rank: which consumer ranks it
-// writes and where each write stands. One thread at a time; free with
-// `kvdrain_push_plan_free`.
+// writes and where each write stands. One thread at a time (a call while another is
+// inside returns `KVDRAIN_ERR_BUSY`); free with `kvdrain_push_plan_free`.
 typedef struct kvdrain_push_plan kvdrain_push_plan;
 
 // Run-time settings of a ledger. Start from `kvdrain_config_default` and change fields.
@@ -417,8 +423,10 @@ kvdrain_status kvdrain_config_default(uint32_t capacity, struct kvdrain_config *
 //
 // Errors (nothing changed): `KVDRAIN_ERR_FULL` (`capacity` requests tracked, or decided
 // requests wait for `kvdrain_engine_poll` with their slots), `KVDRAIN_ERR_DUPLICATE_ID`,
-// `KVDRAIN_ERR_BAD_COUNT`, `KVDRAIN_ERR_BAD_EDGES`, `KVDRAIN_ERR_INVALID` (id not UTF-8,
-// or both a count and agents), `KVDRAIN_ERR_NULL`.
+// `KVDRAIN_ERR_BAD_COUNT`, `KVDRAIN_ERR_BAD_EDGES`, `KVDRAIN_ERR_INVALID` (id not UTF-8;
+// an id that can never complete: empty, `HB`, `HB:...`, `PUSH_REG:...`, `PUSH_FAIL:...`,
+// whose completion would read as another message; or both a count and agents),
+// `KVDRAIN_ERR_NULL`. (The core, and so `kvdrain replay`, accepts such ids: they expire.)
 //
 // # Safety
 // `engine` is NULL or a live engine handle; `registration` is NULL or points to a
@@ -537,7 +545,9 @@ kvdrain_status kvdrain_engine_get_info(struct kvdrain_engine *engine,
                                        struct kvdrain_engine_info *out);
 
 // Frees the engine half. NULL is accepted; a second free does nothing while another
-// handle of the ledger lives. Must not run concurrently with a call on this handle.
+// handle of the ledger lives. A call still inside this handle (another thread's) is
+// waited for; later calls through it return `KVDRAIN_ERR_FREED` while another handle of
+// the ledger lives.
 //
 // # Safety
 // `engine` is NULL or an engine handle whose ledger group is still allocated.
@@ -586,7 +596,9 @@ kvdrain_status kvdrain_ingest_get_counters(struct kvdrain_ingest *ingest,
                                            struct kvdrain_ingest_counters *out);
 
 // Frees the ingest half. NULL is accepted; a second free does nothing while another
-// handle of the ledger lives. Must not run concurrently with a call on this handle.
+// handle of the ledger lives. A call still inside this handle (another thread's) is
+// waited for; later calls through it return `KVDRAIN_ERR_FREED` while another handle of
+// the ledger lives.
 //
 // # Safety
 // `ingest` is NULL or an ingest handle whose ledger group is still allocated.
@@ -598,8 +610,9 @@ void kvdrain_ingest_free(struct kvdrain_ingest *ingest);
 // `kvdrain_ledger_free`.
 //
 // Errors: `KVDRAIN_ERR_NULL`, `KVDRAIN_ERR_INVALID` (capacity outside
-// `1..=KVDRAIN_MAX_CAPACITY`), `KVDRAIN_ERR_ALLOC` (the construction thread could not
-// start).
+// `1..=KVDRAIN_MAX_CAPACITY`), `KVDRAIN_ERR_ALLOC` (no memory for the ledger or its key
+// table, or the construction thread, whose stack is about 71 MiB of address space,
+// could not start; nothing is left allocated and `*out` is not written).
 //
 // # Safety
 // `config` is NULL or readable; `out` is NULL or writable.
@@ -652,20 +665,20 @@ void kvdrain_push_plan_free(struct kvdrain_push_plan *plan);
 // this plan does not write.
 //
 // # Safety
-// `plan` is NULL or a live plan used by no other thread now.
+// `plan` is NULL or a live plan.
 kvdrain_status kvdrain_push_plan_may_post(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // The WRITE into `d_rank` was posted (errors as `kvdrain_push_plan_may_post`).
 //
 // # Safety
-// `plan` is NULL or a live plan used by no other thread now.
+// `plan` is NULL or a live plan.
 kvdrain_status kvdrain_push_plan_posted(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // The WRITE into `d_rank` could not be described or posted: nothing was sent; a
 // failure notice is owed (never posted). `KVDRAIN_ERR_WRONG_STATE` unless planned.
 //
 // # Safety
-// `plan` is NULL or a live plan used by no other thread now.
+// `plan` is NULL or a live plan.
 kvdrain_status kvdrain_push_plan_post_failed(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // The initiator saw the WRITE into `d_rank` succeed. `KVDRAIN_ERR_WRONG_STATE` unless
@@ -673,7 +686,7 @@ kvdrain_status kvdrain_push_plan_post_failed(struct kvdrain_push_plan *plan, uin
 // `kvdrain_push_plan_landed_after_unknown`).
 //
 // # Safety
-// `plan` is NULL or a live plan used by no other thread now.
+// `plan` is NULL or a live plan.
 kvdrain_status kvdrain_push_plan_landed(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // The posted WRITE into `d_rank` ended with a backend error (its own, or another
@@ -683,13 +696,13 @@ kvdrain_status kvdrain_push_plan_landed(struct kvdrain_push_plan *plan, uint16_t
 // `KVDRAIN_ERR_WRONG_STATE` unless posted or unknown.
 //
 // # Safety
-// `plan` is NULL or a live plan used by no other thread now.
+// `plan` is NULL or a live plan.
 kvdrain_status kvdrain_push_plan_backend_error(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // The older name of `kvdrain_push_plan_backend_error`, kept so existing callers build.
 //
 // # Safety
-// `plan` is NULL or a live plan used by no other thread now.
+// `plan` is NULL or a live plan.
 kvdrain_status kvdrain_push_plan_failed(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // The posted WRITE into `d_rank` can no longer report its status (NIXL `NOT_FOUND` the
@@ -700,7 +713,7 @@ kvdrain_status kvdrain_push_plan_failed(struct kvdrain_push_plan *plan, uint16_t
 // `KVDRAIN_ERR_WRONG_STATE` unless posted or unknown.
 //
 // # Safety
-// `plan` is NULL or a live plan used by no other thread now.
+// `plan` is NULL or a live plan.
 kvdrain_status kvdrain_push_plan_status_unknown(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // The WRITE into `d_rank`, posted and perhaps reported unknown, was later seen to
@@ -708,7 +721,7 @@ kvdrain_status kvdrain_push_plan_status_unknown(struct kvdrain_push_plan *plan, 
 // unknown.
 //
 // # Safety
-// `plan` is NULL or a live plan used by no other thread now.
+// `plan` is NULL or a live plan.
 kvdrain_status kvdrain_push_plan_landed_after_unknown(struct kvdrain_push_plan *plan,
                                                       uint16_t d_rank);
 
@@ -716,7 +729,7 @@ kvdrain_status kvdrain_push_plan_landed_after_unknown(struct kvdrain_push_plan *
 // `KVDRAIN_ERR_UNKNOWN` for a rank this plan does not write.
 //
 // # Safety
-// `plan` is NULL or a live plan used by no other thread now; `state` is NULL or
+// `plan` is NULL or a live plan; `state` is NULL or
 // writable.
 kvdrain_status kvdrain_push_plan_edge_state(struct kvdrain_push_plan *plan,
                                             uint16_t d_rank,
@@ -726,21 +739,21 @@ kvdrain_status kvdrain_push_plan_edge_state(struct kvdrain_push_plan *plan,
 // `KVDRAIN_ERR_WRONG_STATE` if the edge is posted, unknown, landed or noticed.
 //
 // # Safety
-// `plan` is NULL or a live plan used by no other thread now.
+// `plan` is NULL or a live plan.
 kvdrain_status kvdrain_push_plan_unreachable(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // The `PUSH_FAIL` for `d_rank` was handed to the transport. `KVDRAIN_ERR_WRONG_STATE`
 // unless a notice is owed for it.
 //
 // # Safety
-// `plan` is NULL or a live plan used by no other thread now.
+// `plan` is NULL or a live plan.
 kvdrain_status kvdrain_push_plan_noticed(struct kvdrain_push_plan *plan, uint16_t d_rank);
 
 // The request ended on this producer (finished, aborted, lease gone): nothing more may
 // be posted, and every edge not yet attempted is owed a failure notice.
 //
 // # Safety
-// `plan` is NULL or a live plan used by no other thread now.
+// `plan` is NULL or a live plan.
 kvdrain_status kvdrain_push_plan_retire(struct kvdrain_push_plan *plan);
 
 // The failure notices owed now, one per failed, reachable edge not yet noticed, in target
@@ -749,7 +762,7 @@ kvdrain_status kvdrain_push_plan_retire(struct kvdrain_push_plan *plan);
 // `KVDRAIN_ERR_BUFFER_TOO_SMALL` (at most 64 are ever owed).
 //
 // # Safety
-// `plan` is NULL or a live plan used by no other thread now; `n` is NULL or points to the
+// `plan` is NULL or a live plan; `n` is NULL or points to the
 // room in `out`, which is writable for that many entries (NULL when the room is 0).
 kvdrain_status kvdrain_push_plan_owed(struct kvdrain_push_plan *plan,
                                       struct kvdrain_owed_notice *out,
@@ -760,7 +773,7 @@ kvdrain_status kvdrain_push_plan_owed(struct kvdrain_push_plan *plan,
 // `*all_landed`; either may be NULL.
 //
 // # Safety
-// `plan` is NULL or a live plan used by no other thread now; the out-pointers are NULL
+// `plan` is NULL or a live plan; the out-pointers are NULL
 // or writable.
 kvdrain_status kvdrain_push_plan_state(struct kvdrain_push_plan *plan,
                                        bool *terminal,

@@ -24,10 +24,11 @@ pub(crate) struct EngineSide {
 }
 
 impl EngineSide {
-    pub(crate) fn new(engine: CoreEngine, capacity: usize) -> Self {
+    /// The engine half with the ticket table made for `capacity`.
+    pub(crate) fn new(engine: CoreEngine, tickets: Tickets, capacity: usize) -> Self {
         EngineSide {
             engine,
-            tickets: Tickets::with_capacity(capacity),
+            tickets,
             capacity,
         }
     }
@@ -176,6 +177,10 @@ fn register(side: &mut EngineSide, r: &kvdrain_registration, key_out: *mut u64) 
     let Some(id) = utf8(id) else {
         return KVDRAIN_ERR_INVALID;
     };
+    // An id whose completions cannot exist on the wire would only ever expire.
+    if kvdrain::wire::check_request_id(id).is_err() {
+        return KVDRAIN_ERR_INVALID;
+    }
     // Initialised only in named-edge mode: counting mode (the hot path) skips the copy.
     let list: [AgentId; AGENT_LIST_MAX];
     let expect = if agents.is_empty() {
@@ -228,8 +233,10 @@ fn register(side: &mut EngineSide, r: &kvdrain_registration, key_out: *mut u64) 
 ///
 /// Errors (nothing changed): `KVDRAIN_ERR_FULL` (`capacity` requests tracked, or decided
 /// requests wait for `kvdrain_engine_poll` with their slots), `KVDRAIN_ERR_DUPLICATE_ID`,
-/// `KVDRAIN_ERR_BAD_COUNT`, `KVDRAIN_ERR_BAD_EDGES`, `KVDRAIN_ERR_INVALID` (id not UTF-8,
-/// or both a count and agents), `KVDRAIN_ERR_NULL`.
+/// `KVDRAIN_ERR_BAD_COUNT`, `KVDRAIN_ERR_BAD_EDGES`, `KVDRAIN_ERR_INVALID` (id not UTF-8;
+/// an id that can never complete: empty, `HB`, `HB:...`, `PUSH_REG:...`, `PUSH_FAIL:...`,
+/// whose completion would read as another message; or both a count and agents),
+/// `KVDRAIN_ERR_NULL`. (The core, and so `kvdrain replay`, accepts such ids: they expire.)
 ///
 /// # Safety
 /// `engine` is NULL or a live engine handle; `registration` is NULL or points to a
@@ -538,7 +545,9 @@ pub unsafe extern "C" fn kvdrain_engine_get_info(
 }
 
 /// Frees the engine half. NULL is accepted; a second free does nothing while another
-/// handle of the ledger lives. Must not run concurrently with a call on this handle.
+/// handle of the ledger lives. A call still inside this handle (another thread's) is
+/// waited for; later calls through it return `KVDRAIN_ERR_FREED` while another handle of
+/// the ledger lives.
 ///
 /// # Safety
 /// `engine` is NULL or an engine handle whose ledger group is still allocated.

@@ -19,6 +19,7 @@
 //! any order. The `'static` in the halves' types is a promise kept by this file alone:
 //! the halves are dropped before the ledger box, which is freed only in [`Group`]'s drop.
 
+use core::alloc::Layout;
 use core::cell::UnsafeCell;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering, fence};
@@ -29,6 +30,7 @@ use kvdrain::{Config, Engine, Ingest};
 use crate::config::{CoreLedger, KVDRAIN_MAX_EDGES, TABLE};
 use crate::engine::EngineSide;
 use crate::status::kvdrain_status::{self, *};
+use crate::tickets::Tickets;
 
 const N: usize = TABLE;
 const E: usize = KVDRAIN_MAX_EDGES as usize;
@@ -43,14 +45,37 @@ pub(crate) type CoreEngine = Engine<'static, N, E>;
 bitflags::bitflags! {
     /// A handle's state word (`state: AtomicU32`): empty while usable, else why not.
     #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-    struct HandleState: u32 {
+    pub(crate) struct HandleState: u32 {
         /// The handle itself was freed.
         const FREED = 1;
         /// A call through it panicked.
         const POISONED = 1 << 1;
         /// (Halves) the ledger handle was freed.
         const LEDGER_FREED = 1 << 2;
+        /// A call is inside the handle now (set and cleared by [`enter`] and [`leave`]).
+        const BUSY = 1 << 3;
     }
+}
+
+/// Marks a call as inside the handle whose state is `word`: `KVDRAIN_ERR_BUSY` if another
+/// call is inside already (two threads on one handle), `KVDRAIN_ERR_FREED` or
+/// `KVDRAIN_ERR_PANIC` if the handle is unusable. On `Ok` the caller owns the handle's
+/// contents until [`leave`]. One atomic read-modify-write.
+pub(crate) fn enter(word: &AtomicU32) -> Result<(), kvdrain_status> {
+    let before = HandleState::BUSY.raise(word);
+    if before.contains(HandleState::BUSY) {
+        return Err(KVDRAIN_ERR_BUSY);
+    }
+    if let Err(status) = check_state_bits(before) {
+        leave(word);
+        return Err(status);
+    }
+    Ok(())
+}
+
+/// Ends the call [`enter`] let in.
+pub(crate) fn leave(word: &AtomicU32) {
+    word.fetch_and(!HandleState::BUSY.bits(), Ordering::Release);
 }
 
 impl HandleState {
@@ -60,7 +85,7 @@ impl HandleState {
     }
 
     /// Sets `self` in `word`; returns the state before.
-    fn raise(self, word: &AtomicU32) -> Self {
+    pub(crate) fn raise(self, word: &AtomicU32) -> Self {
         HandleState::from_bits_retain(word.fetch_or(self.bits(), Ordering::AcqRel))
     }
 }
@@ -76,7 +101,8 @@ pub struct kvdrain_ledger {
 }
 
 /// The half that feeds notifications: one thread at a time (the thread that drains NIXL
-/// notifications), concurrently with the engine half.
+/// notifications; a second thread's call returns `KVDRAIN_ERR_BUSY`), concurrently with
+/// the engine half.
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub struct kvdrain_ingest {
@@ -86,7 +112,8 @@ pub struct kvdrain_ingest {
 }
 
 /// The half that registers, aborts, fences, advances the clock and takes decisions out:
-/// one thread at a time (the scheduler thread), concurrently with the ingest half.
+/// one thread at a time (the scheduler thread; a second thread's call returns
+/// `KVDRAIN_ERR_BUSY`), concurrently with the ingest half.
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub struct kvdrain_engine {
@@ -109,29 +136,71 @@ impl Drop for Group {
         // The halves borrow `*core`: drop them first.
         *self.ingest.half.get_mut() = None;
         *self.engine.side.get_mut() = None;
-        // SAFETY: `core` came from `Box::into_raw` in `Group::create` and nothing borrows
-        // it any more (both halves are gone); it is freed exactly once, here.
+        // SAFETY: `core` holds a ledger built by `build_core` in memory from the global
+        // allocator with `Layout::new::<CoreLedger>()`, as a `Box` would own it, and
+        // nothing borrows it any more (both halves are gone); it is freed once, here.
         drop(unsafe { Box::from_raw(self.core.as_ptr()) });
     }
 }
 
-/// Builds the ledger on a thread whose stack fits it (`Ledger::new` returns it by value)
-/// and moves it to the heap.
-fn build_core(config: Config) -> Option<Box<CoreLedger>> {
+/// A heap place for the ledger, handed to its construction thread and back.
+struct Place(NonNull<CoreLedger>);
+
+// SAFETY: the place is used by one thread at a time: the construction thread writes it,
+// and the creating thread reads it only after joining that thread.
+unsafe impl Send for Place {}
+
+impl Place {
+    /// Builds the ledger into the place (a method, so the closure captures the whole
+    /// `Place`, which is `Send`, and not its pointer field).
+    ///
+    /// # Safety
+    /// The place is valid for a write of a `CoreLedger` and no other thread uses it.
+    unsafe fn build(self, config: Config) {
+        // SAFETY: per the contract; nothing was there to drop.
+        unsafe { self.0.as_ptr().write(CoreLedger::new(config)) };
+    }
+}
+
+/// Allocates the ledger's memory (13.8 MiB) with a check instead of an abort, then builds
+/// the ledger into it on a thread whose stack fits it (`Ledger::new` returns it by
+/// value). `KVDRAIN_ERR_ALLOC` when the memory or the thread cannot be had.
+fn build_core(config: Config) -> Result<NonNull<CoreLedger>, kvdrain_status> {
+    let layout = Layout::new::<CoreLedger>();
+    // SAFETY: the layout's size is not zero (the ledger holds its tables inline).
+    let raw = unsafe { std::alloc::alloc(layout) }.cast::<CoreLedger>();
+    let place = NonNull::new(raw).ok_or(KVDRAIN_ERR_ALLOC)?;
+    let target = Place(place);
     let stack = 4 * size_of::<CoreLedger>() + (16 << 20);
-    std::thread::Builder::new()
+    let built = std::thread::Builder::new()
         .name("kvdrain-ledger-new".into())
         .stack_size(stack)
-        .spawn(move || Box::new(CoreLedger::new(config)))
-        .ok()?
-        .join()
-        .ok()
+        // SAFETY: the place is fresh and this thread is its only user until the join.
+        .spawn(move || unsafe { target.build(config) })
+        .map(std::thread::JoinHandle::join);
+    match built {
+        Ok(Ok(())) => Ok(place),
+        _ => {
+            // SAFETY: allocated above with `layout`; no ledger was written into it (the
+            // thread did not start, or `Ledger::new` panicked before the write).
+            unsafe { std::alloc::dealloc(raw.cast(), layout) };
+            Err(KVDRAIN_ERR_ALLOC)
+        }
+    }
 }
 
 impl Group {
     /// A new ledger with its halves split off, owned by the returned ledger handle.
     pub(crate) fn create(config: Config) -> Result<*mut kvdrain_ledger, kvdrain_status> {
-        let core = NonNull::from(Box::leak(build_core(config).ok_or(KVDRAIN_ERR_ALLOC)?));
+        let core = build_core(config)?;
+        let tickets = match Tickets::try_with_capacity(config.capacity) {
+            Some(t) => t,
+            None => {
+                // SAFETY: as in `Group::drop`; nothing borrows the new ledger yet.
+                drop(unsafe { Box::from_raw(core.as_ptr()) });
+                return Err(KVDRAIN_ERR_ALLOC);
+            }
+        };
         let raw = Box::into_raw(Box::new(Group {
             refs: AtomicUsize::new(1),
             ledger: kvdrain_ledger {
@@ -152,7 +221,7 @@ impl Group {
             core,
         }));
         // SAFETY: `raw` is a fresh, exclusive allocation; the writes go through raw place
-        // projections. `core` is a leaked box that only `Group::drop` frees, after the
+        // projections. `core` is a built ledger that only `Group::drop` frees, after the
         // halves made from this `&'static mut` are dropped, so the borrow outlives them.
         unsafe {
             (*raw).ledger.group = raw;
@@ -161,7 +230,7 @@ impl Group {
             let ledger: &'static mut CoreLedger = &mut *core.as_ptr();
             let (ingest, engine) = ledger.split();
             *(*raw).ingest.half.get() = Some(ingest);
-            *(*raw).engine.side.get() = Some(EngineSide::new(engine, config.capacity));
+            *(*raw).engine.side.get() = Some(EngineSide::new(engine, tickets, config.capacity));
             Ok(&raw mut (*raw).ledger)
         }
     }
@@ -219,7 +288,11 @@ impl Handle for kvdrain_engine {
 }
 
 fn check_state(state: &AtomicU32) -> Result<(), kvdrain_status> {
-    let s = HandleState::load(state);
+    check_state_bits(HandleState::load(state))
+}
+
+fn check_state_bits(s: HandleState) -> Result<(), kvdrain_status> {
+    let s = s - HandleState::BUSY;
     if s.is_empty() {
         Ok(())
     } else if s.intersects(HandleState::FREED | HandleState::LEDGER_FREED) {
@@ -230,13 +303,13 @@ fn check_state(state: &AtomicU32) -> Result<(), kvdrain_status> {
 }
 
 /// Runs `f` on the half behind `ptr`: NULL, freed and poisoned handles (and halves of a
-/// freed ledger) are refused with a status; a panic in `f` poisons the handle and becomes
-/// `KVDRAIN_ERR_PANIC`.
+/// freed ledger) are refused with a status, and so is a second call while one is inside
+/// (`KVDRAIN_ERR_BUSY`: two threads on one half); a panic in `f` poisons the handle and
+/// becomes `KVDRAIN_ERR_PANIC`.
 ///
 /// # Safety
 /// `ptr` is NULL or a handle from `kvdrain_ledger_split` whose group is still allocated
-/// (at least one handle of it not freed), and no other thread calls through the same
-/// handle now.
+/// (at least one handle of it not freed).
 pub(crate) unsafe fn with_half<H: Handle>(
     ptr: *const H,
     f: impl FnOnce(&mut H::Inner) -> kvdrain_status,
@@ -245,22 +318,25 @@ pub(crate) unsafe fn with_half<H: Handle>(
     let Some(handle) = (unsafe { ptr.as_ref() }) else {
         return KVDRAIN_ERR_NULL;
     };
-    // One load covers the handle's own free, its ledger's free and poisoning.
-    if let Err(status) = check_state(handle.state()) {
+    // One read-modify-write covers another call inside, the handle's own free, its
+    // ledger's free and poisoning.
+    if let Err(status) = enter(handle.state()) {
         return status;
     }
-    // SAFETY: only the one thread calling through this handle touches its cell (the
-    // threading contract), and `free` is not concurrent with a call on the same handle.
-    let Some(inner) = (unsafe { &mut *handle.inner().get() }).as_mut() else {
-        return KVDRAIN_ERR_FREED;
+    // SAFETY: `enter` let this call alone in: no other call touches the cell until
+    // `leave`, and `free_half` waits for `leave` before it takes the cell's contents.
+    let status = match (unsafe { &mut *handle.inner().get() }).as_mut() {
+        None => KVDRAIN_ERR_FREED,
+        Some(inner) => match catch_unwind(AssertUnwindSafe(|| f(inner))) {
+            Ok(status) => status,
+            Err(_) => {
+                HandleState::POISONED.raise(handle.state());
+                KVDRAIN_ERR_PANIC
+            }
+        },
     };
-    match catch_unwind(AssertUnwindSafe(|| f(inner))) {
-        Ok(status) => status,
-        Err(_) => {
-            HandleState::POISONED.raise(handle.state());
-            KVDRAIN_ERR_PANIC
-        }
-    }
+    leave(handle.state());
+    status
 }
 
 /// Frees a half: later calls through it read `KVDRAIN_ERR_FREED` while its group lives; a
@@ -280,7 +356,12 @@ pub(crate) unsafe fn free_half<H: Handle>(ptr: *const H) {
         {
             return;
         }
-        // SAFETY: no call through this handle runs now (contract); drop what it holds.
+        // A call that entered before `FREED` was raised may still be inside: wait for it
+        // (calls never block, so this is short). Calls that come later see `FREED`.
+        while HandleState::load(handle.state()).contains(HandleState::BUSY) {
+            std::thread::yield_now();
+        }
+        // SAFETY: no call is inside and none can enter (`FREED`); drop what it holds.
         drop(unsafe { (*handle.inner().get()).take() });
         let group = handle.group();
         // SAFETY: this handle held one reference and is not used after this.
@@ -381,6 +462,130 @@ mod tests {
                 KVDRAIN_ERR_FREED
             );
             kvdrain_ingest_free(ingest);
+        }
+    }
+
+    /// A call into a half while another is inside it is refused with `KVDRAIN_ERR_BUSY`
+    /// (here the second call comes from inside the first, which is what a second thread
+    /// would see), and the half works again once the first call returns.
+    #[test]
+    fn a_second_call_inside_a_half_is_busy() {
+        let config = kvdrain_config::defaults(8);
+        let mut ledger = core::ptr::null_mut();
+        let (mut ingest, mut engine) = (core::ptr::null_mut(), core::ptr::null_mut());
+        // SAFETY: valid pointers throughout; every handle is freed once at the end.
+        unsafe {
+            assert_eq!(kvdrain_ledger_new(&config, &mut ledger), KVDRAIN_OK);
+            assert_eq!(
+                kvdrain_ledger_split(ledger, &mut ingest, &mut engine),
+                KVDRAIN_OK
+            );
+            let inner = with_half(engine.cast_const(), |_| {
+                assert_eq!(kvdrain_engine_advance(engine, 1), KVDRAIN_ERR_BUSY);
+                // The other half is not busy.
+                with_half(ingest.cast_const(), |_| KVDRAIN_OK)
+            });
+            assert_eq!(inner, KVDRAIN_OK);
+            assert_eq!(kvdrain_engine_advance(engine, 2), KVDRAIN_OK);
+            kvdrain_ingest_free(ingest);
+            kvdrain_engine_free(engine);
+            kvdrain_ledger_free(ledger);
+        }
+    }
+
+    /// A push plan is poisoned by a panic like every other handle, and refuses a call
+    /// made while another is inside.
+    #[test]
+    fn a_panic_poisons_a_push_plan() {
+        use crate::producer::{kvdrain_push_plan_free, kvdrain_push_plan_new};
+        use crate::{kvdrain_push_plan_retire, kvdrain_topology};
+        let topology = kvdrain_topology {
+            p_tp: 1,
+            p_pp: 1,
+            d_tp: 1,
+            mla: 0,
+        };
+        let mut plan = core::ptr::null_mut();
+        // SAFETY: valid pointers; the plan is freed once at the end.
+        unsafe {
+            assert_eq!(
+                kvdrain_push_plan_new(&topology, 0, 0, &mut plan),
+                KVDRAIN_OK
+            );
+            let busy =
+                crate::producer::with_plan_for_tests(plan, |_| kvdrain_push_plan_retire(plan));
+            assert_eq!(busy, KVDRAIN_ERR_BUSY);
+            assert_eq!(kvdrain_push_plan_retire(plan), KVDRAIN_OK);
+            let hook = std::panic::take_hook();
+            std::panic::set_hook(Box::new(|_| {}));
+            let status = crate::producer::with_plan_for_tests(plan, |_| panic!("injected"));
+            std::panic::set_hook(hook);
+            assert_eq!(status, KVDRAIN_ERR_PANIC);
+            assert_eq!(kvdrain_push_plan_retire(plan), KVDRAIN_ERR_PANIC);
+            kvdrain_push_plan_free(plan);
+        }
+    }
+
+    /// The edge state is written through the out-pointer, whatever the memory held.
+    #[test]
+    fn edge_state_writes_over_memory_that_holds_no_valid_state() {
+        use crate::producer::{kvdrain_push_plan_free, kvdrain_push_plan_new};
+        use crate::{kvdrain_edge_state, kvdrain_push_plan_edge_state, kvdrain_topology};
+        let topology = kvdrain_topology {
+            p_tp: 1,
+            p_pp: 1,
+            d_tp: 1,
+            mla: 0,
+        };
+        let mut plan = core::ptr::null_mut();
+        let mut word = core::mem::MaybeUninit::<u32>::new(0xDEAD_BEEF);
+        // SAFETY: valid pointers; `word` has the size and alignment of the enum.
+        unsafe {
+            assert_eq!(
+                kvdrain_push_plan_new(&topology, 0, 0, &mut plan),
+                KVDRAIN_OK
+            );
+            let out = word.as_mut_ptr().cast::<kvdrain_edge_state>();
+            assert_eq!(kvdrain_push_plan_edge_state(plan, 0, out), KVDRAIN_OK);
+            assert_eq!(*out, kvdrain_edge_state::KVDRAIN_EDGE_PLANNED);
+            kvdrain_push_plan_free(plan);
+        }
+    }
+
+    /// Ids that can never complete are refused at registration.
+    #[test]
+    fn ids_that_can_never_complete_are_invalid() {
+        use crate::{kvdrain_engine_register, kvdrain_registration};
+        let config = kvdrain_config::defaults(8);
+        let mut ledger = core::ptr::null_mut();
+        let (mut ingest, mut engine) = (core::ptr::null_mut(), core::ptr::null_mut());
+        let registration = |id: &'static str| kvdrain_registration {
+            id: id.as_ptr(),
+            id_len: id.len(),
+            blocks: 0,
+            count: 1,
+            agents: core::ptr::null(),
+            agents_len: 0,
+            deadline_ms: 0,
+        };
+        // SAFETY: valid pointers throughout; every handle is freed once at the end.
+        unsafe {
+            assert_eq!(kvdrain_ledger_new(&config, &mut ledger), KVDRAIN_OK);
+            assert_eq!(
+                kvdrain_ledger_split(ledger, &mut ingest, &mut engine),
+                KVDRAIN_OK
+            );
+            for id in ["", "HB", "HB:x", "PUSH_REG:x", "PUSH_FAIL:x", "PUSH_FAIL"] {
+                let r = registration(id);
+                let status = kvdrain_engine_register(engine, &r, core::ptr::null_mut());
+                assert_eq!(status, KVDRAIN_ERR_INVALID, "{id:?}");
+            }
+            let r = registration("a:b");
+            let status = kvdrain_engine_register(engine, &r, core::ptr::null_mut());
+            assert_eq!(status, KVDRAIN_OK);
+            kvdrain_ingest_free(ingest);
+            kvdrain_engine_free(engine);
+            kvdrain_ledger_free(ledger);
         }
     }
 }

@@ -211,7 +211,9 @@ pub unsafe extern "C" fn kvdrain_ingest_get_counters(
 }
 
 /// Frees the ingest half. NULL is accepted; a second free does nothing while another
-/// handle of the ledger lives. Must not run concurrently with a call on this handle.
+/// handle of the ledger lives. A call still inside this handle (another thread's) is
+/// waited for; later calls through it return `KVDRAIN_ERR_FREED` while another handle of
+/// the ledger lives.
 ///
 /// # Safety
 /// `ingest` is NULL or an ingest handle whose ledger group is still allocated.

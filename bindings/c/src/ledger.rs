@@ -11,8 +11,9 @@ use crate::status::kvdrain_status::{self, *};
 /// `kvdrain_ledger_free`.
 ///
 /// Errors: `KVDRAIN_ERR_NULL`, `KVDRAIN_ERR_INVALID` (capacity outside
-/// `1..=KVDRAIN_MAX_CAPACITY`), `KVDRAIN_ERR_ALLOC` (the construction thread could not
-/// start).
+/// `1..=KVDRAIN_MAX_CAPACITY`), `KVDRAIN_ERR_ALLOC` (no memory for the ledger or its key
+/// table, or the construction thread, whose stack is about 71 MiB of address space,
+/// could not start; nothing is left allocated and `*out` is not written).
 ///
 /// # Safety
 /// `config` is NULL or readable; `out` is NULL or writable.

@@ -57,14 +57,23 @@
 //! | `kvdrain_engine` | one thread at a time (the scheduler), concurrently with the ingest half |
 //! | `kvdrain_ledger` | any thread, one call at a time |
 //! | `kvdrain_push_plan` | one thread at a time |
+//!
+//! "One thread at a time" is checked: a call into a half or a push plan while another
+//! call is inside it returns `KVDRAIN_ERR_BUSY` and does nothing (one atomic
+//! read-modify-write per call, which also reads the freed and poisoned bits). A free
+//! waits for a call still inside that handle. What stays undefined: any call through a
+//! handle after the last of its ledger's three handles was freed (the memory is gone),
+//! including one that races that last free, and a call on a push plan racing its free.
 //! | `kvdrain_status_str`, `kvdrain_version`, `kvdrain_config_default`, `kvdrain_encode_failure_notice` | any thread |
 //!
 //! ## What the binding adds to the core, and why
 //!
 //! * **One instantiation**, `Ledger<65536, 8>` built on the heap (13.8 MiB, decisions
 //!   queued in it, plus 64–128 B per unit of capacity for the key table; capacity,
-//!   deadline, quarantine and seed are run-time configuration). It is built on a thread
-//!   with a big stack, because `Ledger::new` returns the ledger by value.
+//!   deadline, quarantine and seed are run-time configuration). Its memory and the key
+//!   table's are allocated with a check, so no memory is `KVDRAIN_ERR_ALLOC`, not an
+//!   abort; it is built into that memory on a thread with a big stack, because
+//!   `Ledger::new` returns the ledger by value.
 //! * **Ownership** (`group.rs`): the halves borrow the ledger; the three handles live in
 //!   one heap allocation that goes away with the last of them, in any free order. A call
 //!   through a freed handle (while another handle lives) or through a half of a freed
@@ -75,7 +84,7 @@
 //!   the core's queued decisions one at a time, only as many as your array holds; the rest
 //!   wait in the core.
 //! * **A panic boundary** on every entry point: a panic becomes `KVDRAIN_ERR_PANIC` and
-//!   poisons the handle; nothing unwinds into C. NULL pointers and bad lengths are status
+//!   poisons the handle (halves and push plans alike); nothing unwinds into C. NULL pointers and bad lengths are status
 //!   codes.
 
 #![deny(unsafe_op_in_unsafe_fn)]

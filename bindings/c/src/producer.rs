@@ -8,11 +8,14 @@
 //! `landed_after_unknown`. An edge never posted (`post_failed`, or planned when the plan
 //! retires) is owed its `PUSH_FAIL` at once; an unreachable one is owed nothing.
 
+use core::cell::UnsafeCell;
+use core::sync::atomic::AtomicU32;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use kvdrain::producer::{EdgeState, PlanError, PushPlan, Topology};
 use kvdrain::wire::{Body, EncodeError};
 
+use crate::group::{HandleState, enter, leave};
 use crate::status::kvdrain_status::{self, *};
 use crate::status::{boundary, span, write_opt};
 
@@ -32,12 +35,14 @@ pub struct kvdrain_topology {
 }
 
 /// The producer-side record of one request on one producer rank: which consumer ranks it
-/// writes and where each write stands. One thread at a time; free with
-/// `kvdrain_push_plan_free`.
+/// writes and where each write stands. One thread at a time (a call while another is
+/// inside returns `KVDRAIN_ERR_BUSY`); free with `kvdrain_push_plan_free`.
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub struct kvdrain_push_plan {
-    plan: PushPlan,
+    /// Poisoned and busy bits, as a half's (`group::enter`).
+    state: AtomicU32,
+    plan: UnsafeCell<PushPlan>,
 }
 
 /// A failure notice this producer owes a consumer rank.
@@ -122,7 +127,10 @@ pub unsafe extern "C" fn kvdrain_push_plan_new(
         };
         match PushPlan::new(&topology, pp_stage, tp_rank) {
             Ok(plan) => {
-                let handle = Box::into_raw(Box::new(kvdrain_push_plan { plan }));
+                let handle = Box::into_raw(Box::new(kvdrain_push_plan {
+                    state: AtomicU32::new(0),
+                    plan: UnsafeCell::new(plan),
+                }));
                 // SAFETY: non-NULL and writable, per the contract.
                 unsafe { out.write(handle) };
                 KVDRAIN_OK
@@ -144,21 +152,47 @@ pub unsafe extern "C" fn kvdrain_push_plan_free(plan: *mut kvdrain_push_plan) {
     }
 }
 
-/// Runs `f` on the plan behind `plan` inside the panic boundary.
+/// Runs `f` on the plan behind `plan` inside the panic boundary: a poisoned plan is
+/// refused (`KVDRAIN_ERR_PANIC`), a panic in `f` poisons it, and a call while another is
+/// inside returns `KVDRAIN_ERR_BUSY`.
 ///
 /// # Safety
-/// `plan` is NULL or a live plan used by no other thread now.
+/// `plan` is NULL or a live plan.
 unsafe fn with_plan(
     plan: *mut kvdrain_push_plan,
     f: impl FnOnce(&mut PushPlan) -> kvdrain_status,
 ) -> kvdrain_status {
-    boundary(|| {
-        // SAFETY: NULL or live and exclusive, per the contract.
-        match unsafe { plan.as_mut() } {
-            Some(p) => f(&mut p.plan),
-            None => KVDRAIN_ERR_NULL,
+    // SAFETY: NULL or live, per the contract (shared: other threads may hold it too).
+    let Some(handle) = (unsafe { plan.as_ref() }) else {
+        return KVDRAIN_ERR_NULL;
+    };
+    if let Err(status) = enter(&handle.state) {
+        return status;
+    }
+    // SAFETY: `enter` let this call alone in until `leave`.
+    let p = unsafe { &mut *handle.plan.get() };
+    let status = match catch_unwind(AssertUnwindSafe(|| f(p))) {
+        Ok(status) => status,
+        Err(_) => {
+            HandleState::POISONED.raise(&handle.state);
+            KVDRAIN_ERR_PANIC
         }
-    })
+    };
+    leave(&handle.state);
+    status
+}
+
+/// [`with_plan`] for the tests of the panic boundary.
+///
+/// # Safety
+/// As [`with_plan`].
+#[cfg(test)]
+pub(crate) unsafe fn with_plan_for_tests(
+    plan: *mut kvdrain_push_plan,
+    f: impl FnOnce(&mut PushPlan) -> kvdrain_status,
+) -> kvdrain_status {
+    // SAFETY: as documented.
+    unsafe { with_plan(plan, f) }
 }
 
 fn status(result: Result<(), PlanError>) -> kvdrain_status {
@@ -176,7 +210,7 @@ fn status(result: Result<(), PlanError>) -> kvdrain_status {
 /// this plan does not write.
 ///
 /// # Safety
-/// `plan` is NULL or a live plan used by no other thread now.
+/// `plan` is NULL or a live plan.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvdrain_push_plan_may_post(
     plan: *mut kvdrain_push_plan,
@@ -189,7 +223,7 @@ pub unsafe extern "C" fn kvdrain_push_plan_may_post(
 /// The WRITE into `d_rank` was posted (errors as `kvdrain_push_plan_may_post`).
 ///
 /// # Safety
-/// `plan` is NULL or a live plan used by no other thread now.
+/// `plan` is NULL or a live plan.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvdrain_push_plan_posted(
     plan: *mut kvdrain_push_plan,
@@ -203,7 +237,7 @@ pub unsafe extern "C" fn kvdrain_push_plan_posted(
 /// failure notice is owed (never posted). `KVDRAIN_ERR_WRONG_STATE` unless planned.
 ///
 /// # Safety
-/// `plan` is NULL or a live plan used by no other thread now.
+/// `plan` is NULL or a live plan.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvdrain_push_plan_post_failed(
     plan: *mut kvdrain_push_plan,
@@ -218,7 +252,7 @@ pub unsafe extern "C" fn kvdrain_push_plan_post_failed(
 /// `kvdrain_push_plan_landed_after_unknown`).
 ///
 /// # Safety
-/// `plan` is NULL or a live plan used by no other thread now.
+/// `plan` is NULL or a live plan.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvdrain_push_plan_landed(
     plan: *mut kvdrain_push_plan,
@@ -235,7 +269,7 @@ pub unsafe extern "C" fn kvdrain_push_plan_landed(
 /// `KVDRAIN_ERR_WRONG_STATE` unless posted or unknown.
 ///
 /// # Safety
-/// `plan` is NULL or a live plan used by no other thread now.
+/// `plan` is NULL or a live plan.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvdrain_push_plan_backend_error(
     plan: *mut kvdrain_push_plan,
@@ -248,7 +282,7 @@ pub unsafe extern "C" fn kvdrain_push_plan_backend_error(
 /// The older name of `kvdrain_push_plan_backend_error`, kept so existing callers build.
 ///
 /// # Safety
-/// `plan` is NULL or a live plan used by no other thread now.
+/// `plan` is NULL or a live plan.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvdrain_push_plan_failed(
     plan: *mut kvdrain_push_plan,
@@ -266,7 +300,7 @@ pub unsafe extern "C" fn kvdrain_push_plan_failed(
 /// `KVDRAIN_ERR_WRONG_STATE` unless posted or unknown.
 ///
 /// # Safety
-/// `plan` is NULL or a live plan used by no other thread now.
+/// `plan` is NULL or a live plan.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvdrain_push_plan_status_unknown(
     plan: *mut kvdrain_push_plan,
@@ -281,7 +315,7 @@ pub unsafe extern "C" fn kvdrain_push_plan_status_unknown(
 /// unknown.
 ///
 /// # Safety
-/// `plan` is NULL or a live plan used by no other thread now.
+/// `plan` is NULL or a live plan.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvdrain_push_plan_landed_after_unknown(
     plan: *mut kvdrain_push_plan,
@@ -295,7 +329,7 @@ pub unsafe extern "C" fn kvdrain_push_plan_landed_after_unknown(
 /// `KVDRAIN_ERR_UNKNOWN` for a rank this plan does not write.
 ///
 /// # Safety
-/// `plan` is NULL or a live plan used by no other thread now; `state` is NULL or
+/// `plan` is NULL or a live plan; `state` is NULL or
 /// writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvdrain_push_plan_edge_state(
@@ -306,12 +340,14 @@ pub unsafe extern "C" fn kvdrain_push_plan_edge_state(
     // SAFETY: as documented.
     unsafe {
         with_plan(plan, |p| {
-            let Some(out) = state.as_mut() else {
+            if state.is_null() {
                 return KVDRAIN_ERR_NULL;
-            };
+            }
             match p.edges().iter().find(|e| e.d_rank == d_rank) {
                 Some(e) => {
-                    *out = kvdrain_edge_state::from(e.state);
+                    // Written through the pointer: `*state` may be uninitialised (or not
+                    // a valid enum value) on entry, so no reference to it is made.
+                    write_opt(state, kvdrain_edge_state::from(e.state));
                     KVDRAIN_OK
                 }
                 None => KVDRAIN_ERR_UNKNOWN,
@@ -324,7 +360,7 @@ pub unsafe extern "C" fn kvdrain_push_plan_edge_state(
 /// `KVDRAIN_ERR_WRONG_STATE` if the edge is posted, unknown, landed or noticed.
 ///
 /// # Safety
-/// `plan` is NULL or a live plan used by no other thread now.
+/// `plan` is NULL or a live plan.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvdrain_push_plan_unreachable(
     plan: *mut kvdrain_push_plan,
@@ -338,7 +374,7 @@ pub unsafe extern "C" fn kvdrain_push_plan_unreachable(
 /// unless a notice is owed for it.
 ///
 /// # Safety
-/// `plan` is NULL or a live plan used by no other thread now.
+/// `plan` is NULL or a live plan.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvdrain_push_plan_noticed(
     plan: *mut kvdrain_push_plan,
@@ -352,7 +388,7 @@ pub unsafe extern "C" fn kvdrain_push_plan_noticed(
 /// be posted, and every edge not yet attempted is owed a failure notice.
 ///
 /// # Safety
-/// `plan` is NULL or a live plan used by no other thread now.
+/// `plan` is NULL or a live plan.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvdrain_push_plan_retire(plan: *mut kvdrain_push_plan) -> kvdrain_status {
     // SAFETY: as documented.
@@ -370,7 +406,7 @@ pub unsafe extern "C" fn kvdrain_push_plan_retire(plan: *mut kvdrain_push_plan) 
 /// `KVDRAIN_ERR_BUFFER_TOO_SMALL` (at most 64 are ever owed).
 ///
 /// # Safety
-/// `plan` is NULL or a live plan used by no other thread now; `n` is NULL or points to the
+/// `plan` is NULL or a live plan; `n` is NULL or points to the
 /// room in `out`, which is writable for that many entries (NULL when the room is 0).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvdrain_push_plan_owed(
@@ -413,7 +449,7 @@ pub unsafe extern "C" fn kvdrain_push_plan_owed(
 /// `*all_landed`; either may be NULL.
 ///
 /// # Safety
-/// `plan` is NULL or a live plan used by no other thread now; the out-pointers are NULL
+/// `plan` is NULL or a live plan; the out-pointers are NULL
 /// or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvdrain_push_plan_state(

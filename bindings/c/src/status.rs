@@ -20,9 +20,13 @@ pub enum kvdrain_status {
     KVDRAIN_ERR_PANIC = 3,
     /// The handle was freed (`*_free`), or it is a half whose ledger was freed.
     KVDRAIN_ERR_FREED = 4,
-    /// `kvdrain_ledger_split` was called a second time.
+    /// Another call is inside this handle right now (two threads on one half or one push
+    /// plan: nothing was done, the other call is unaffected); or `kvdrain_ledger_split`
+    /// was called a second time.
     KVDRAIN_ERR_BUSY = 5,
-    /// The ledger could not be built (no memory or no thread for its construction).
+    /// The ledger could not be built: no memory for its tables (13.8 MiB) or its key
+    /// table, or no thread (with a stack for its construction) could start. Nothing was
+    /// allocated.
     KVDRAIN_ERR_ALLOC = 6,
     /// Register: the table holds `capacity` requests; nothing changed, nothing evicted.
     KVDRAIN_ERR_FULL = 7,
@@ -63,8 +67,10 @@ impl kvdrain_status {
             KVDRAIN_ERR_INVALID => "an argument is out of range\0",
             KVDRAIN_ERR_PANIC => "kvdrain panicked; the handle is poisoned\0",
             KVDRAIN_ERR_FREED => "the handle or its ledger was freed\0",
-            KVDRAIN_ERR_BUSY => "the ledger was split already\0",
-            KVDRAIN_ERR_ALLOC => "the ledger could not be built\0",
+            KVDRAIN_ERR_BUSY => {
+                "another call is inside this handle (or the ledger was split already)\0"
+            }
+            KVDRAIN_ERR_ALLOC => "no memory (or no thread) to build the ledger\0",
             KVDRAIN_ERR_FULL => "table full; nothing changed\0",
             KVDRAIN_ERR_DUPLICATE_ID => "request id already tracked\0",
             KVDRAIN_ERR_BAD_COUNT => "expected count outside 1..=64\0",

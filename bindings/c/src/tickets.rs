@@ -22,10 +22,11 @@ use kvdrain::Pending;
 /// Tickets of the requests still counting, by key.
 #[derive(Debug)]
 pub(crate) struct Tickets {
-    /// `key + 1` per cell; 0 marks an empty cell. Probes read only this array.
-    tags: Box<[u64]>,
+    /// `key + 1` per cell; 0 marks an empty cell. Probes read only this array. (Both
+    /// arrays are reserved fallibly at their full length and never grown.)
+    tags: Vec<u64>,
     /// The ticket of each occupied cell.
-    tickets: Box<[Option<Pending>]>,
+    tickets: Vec<Option<Pending>>,
     mask: usize,
     len: usize,
     /// One past the highest key issued: keys at or above it were never issued.
@@ -44,16 +45,28 @@ pub(crate) enum Lookup {
 }
 
 impl Tickets {
-    /// A table for `capacity` tickets at most.
-    pub(crate) fn with_capacity(capacity: usize) -> Self {
+    /// A table for `capacity` tickets at most, or `None` if its memory cannot be had.
+    pub(crate) fn try_with_capacity(capacity: usize) -> Option<Self> {
         let cells = (2 * capacity.max(1)).next_power_of_two();
-        Tickets {
-            tags: vec![0; cells].into_boxed_slice(),
-            tickets: (0..cells).map(|_| None).collect(),
+        let mut tags = Vec::new();
+        tags.try_reserve_exact(cells).ok()?;
+        tags.resize(cells, 0);
+        let mut tickets = Vec::new();
+        tickets.try_reserve_exact(cells).ok()?;
+        tickets.resize_with(cells, || None);
+        Some(Tickets {
+            tags,
+            tickets,
             mask: cells - 1,
             len: 0,
             issued: 0,
-        }
+        })
+    }
+
+    /// [`try_with_capacity`](Self::try_with_capacity) for tests.
+    #[cfg(test)]
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        Self::try_with_capacity(capacity).expect("memory for a test's ticket table")
     }
 
     /// How far the occupied cell at `pos` sits from its home cell.

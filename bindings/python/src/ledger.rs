@@ -1,24 +1,30 @@
 //! `kvdrain.Ledger`: the consumer (decode-side) tracker for Python.
 //!
 //! The class is `frozen` and `Sync`: its two halves sit behind their own locks (see
-//! [`crate::tracker`]), so a NIXL writer thread can `feed` while the engine thread
-//! registers, polls and advances, with or without the GIL.
+//! [`crate::tracker`] and, for what runs under them, [`crate::lock`]), so a NIXL writer
+//! thread can `feed` while the engine thread registers, polls and advances.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use kvdrain::{AbortError, AgentId, ClockError, Config, Outstanding, RegisterErrorKind};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::agents::AgentTable;
+use crate::args;
 use crate::decision::Decision;
 use crate::errors::{
-    ClockBackwardsError, ConfigError, DuplicateRequestError, FullError, InvalidExpectError,
-    UnknownRequestError,
+    AllocError, ClockBackwardsError, ConfigError, DuplicateRequestError, FullError,
+    InvalidArgumentError, InvalidExpectError, InvalidRequestIdError, UnknownRequestError,
 };
+use crate::feed::BatchReader;
 use crate::lock::lock;
-use crate::tracker::{self, Batch, EDGES, Entry, Taken, Tracker};
+use crate::tracker::{self, BuildError, EDGES, Entry, Refusal, Taken, Tracker};
+
+fn invalid_argument(why: String) -> PyErr {
+    InvalidArgumentError::new_err(why)
+}
 
 /// The table sizes (`N` of `Ledger<N, 8>`) the module is built with; a ledger gets the
 /// smallest that holds its capacity. At least 1024 so the tombstones remember thousands of
@@ -50,10 +56,12 @@ impl std::fmt::Debug for PyLedger {
     }
 }
 
-/// What `expect` asked for.
-enum ExpectArg {
+/// What `expect` asked for, checked; agent names are numbered only when a registration
+/// with them is made, so a refused one takes no number.
+enum ExpectArg<'py> {
     Count(u8),
-    Agents(Arc<[AgentId]>),
+    /// `1..=EDGES` distinct names, each valid UTF-8.
+    Agents(Vec<Bound<'py, PyString>>),
 }
 
 impl PyLedger {
@@ -98,34 +106,79 @@ impl PyLedger {
         )
     }
 
-    /// What the engine side keeps of one registration, and its count (counting mode).
-    fn entry(
-        request_id: &Bound<'_, PyString>,
-        blocks: Bound<'_, PyAny>,
-        expect: &ExpectArg,
-    ) -> (Entry, Option<u8>) {
-        let (count, agents) = match expect {
-            ExpectArg::Count(n) => (Some(*n), None),
-            ExpectArg::Agents(agents) => (None, Some(Arc::clone(agents))),
-        };
+    /// A registration's entry, its agents and count not set yet.
+    fn entry(id: Py<PyString>, blocks: Py<PyAny>) -> (Entry, Option<u8>) {
         let entry = Entry {
-            id: request_id.clone().unbind(),
-            blocks: blocks.unbind(),
-            agents,
+            id,
+            blocks,
+            agents: None,
         };
-        (entry, count)
+        (entry, None)
     }
 
-    /// Registers `entries` in order; the first refusal becomes its exception.
+    /// Registers `entries` (their `agents` and counts not set yet) in order, all with
+    /// `expect`; the first
+    /// refusal becomes its exception. Named agents are numbered under the names lock, held
+    /// until the engine half has answered: if no registration was accepted, the names
+    /// this call numbered are forgotten again. Every Python object left over is dropped
+    /// after both locks are released.
     fn register_entries(
         &self,
         py: Python<'_>,
-        entries: Vec<(Entry, Option<u8>)>,
+        mut entries: Vec<(Entry, Option<u8>)>,
+        expect: &ExpectArg<'_>,
         deadline_ms: Option<u64>,
     ) -> PyResult<()> {
-        let mut entries = entries.into_iter();
-        let refused = self.tracker.register_many(py, &mut entries, deadline_ms)?;
-        drop(entries); // the ones after a refusal, dropped with no lock held
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let total = entries.len();
+        let (mut entries, refused, forgotten) = match expect {
+            ExpectArg::Count(n) => {
+                entries.iter_mut().for_each(|(_, count)| *count = Some(*n));
+                let mut entries = entries.into_iter();
+                let refused = self.tracker.register_many(py, &mut entries, deadline_ms);
+                (entries, refused, Vec::new())
+            }
+            ExpectArg::Agents(names) => {
+                let mut table = lock(py, &self.agents);
+                let before = table.len();
+                let mut agents = Vec::with_capacity(names.len());
+                for name in names {
+                    // Checked by `expect_arg`; a `str` cannot change since.
+                    let Ok(text) = name.to_str() else { continue };
+                    match table.intern(name, text) {
+                        Ok(agent) => agents.push(agent),
+                        Err(_) => {
+                            let forgotten = table.truncate(py, before);
+                            drop(table);
+                            drop(forgotten);
+                            return Err(InvalidExpectError::new_err((
+                                "more than 65 535 distinct agent names in use",
+                                entries[0].0.id.clone_ref(py),
+                            )));
+                        }
+                    }
+                }
+                let agents: tracker::Agents = Some(agents.into());
+                for (entry, _) in &mut entries {
+                    entry.agents.clone_from(&agents);
+                }
+                let mut entries = entries.into_iter();
+                let refused = self.tracker.register_many(py, &mut entries, deadline_ms);
+                let accepted = total - entries.len() - usize::from(refused.is_err());
+                let forgotten = if accepted == 0 {
+                    table.truncate(py, before)
+                } else {
+                    Vec::new()
+                };
+                drop(table);
+                (entries, refused, forgotten)
+            }
+        };
+        drop(forgotten);
+        // The ones after a refusal, dropped with no lock held.
+        entries.by_ref().for_each(drop);
         match refused {
             Ok(()) => Ok(()),
             Err((kind, entry)) => Err(self.refusal(py, kind, entry)),
@@ -133,37 +186,50 @@ impl PyLedger {
     }
 
     /// The exception for a refused registration, carrying what was refused.
-    fn refusal(&self, py: Python<'_>, kind: RegisterErrorKind, entry: Entry) -> PyErr {
-        let id = entry.id.bind(py).to_string_lossy().into_owned();
-        match kind {
-            RegisterErrorKind::Full => FullError::new_err((
-                format!("table full ({} requests): {id:?} refused", self.capacity),
+    fn refusal(&self, py: Python<'_>, refusal: Refusal, entry: Entry) -> PyErr {
+        let id = args::repr(entry.id.bind(py));
+        match refusal {
+            Refusal::Core(RegisterErrorKind::Full) => FullError::new_err((
+                format!("table full ({} requests): {id} refused", self.capacity),
                 entry.id,
                 entry.blocks,
             )),
-            RegisterErrorKind::DuplicateId => DuplicateRequestError::new_err((
-                format!("request {id:?} is tracked already"),
+            Refusal::Core(RegisterErrorKind::DuplicateId) => DuplicateRequestError::new_err((
+                format!("request {id} is tracked already"),
                 entry.id,
             )),
-            _ => InvalidExpectError::new_err((
-                format!("registration of {id:?} refused: invalid expect"),
+            Refusal::Core(_) => InvalidExpectError::new_err((
+                format!("registration of {id} refused: invalid expect"),
                 entry.id,
             )),
+            Refusal::NotUtf8 => InvalidRequestIdError::new_err((
+                format!("request id {id} is not valid UTF-8 (it holds a lone surrogate)"),
+                entry.id,
+            )),
+            Refusal::CannotComplete(e) => args::cannot_complete(entry.id.bind(py), e),
         }
     }
 
-    fn expect_arg(
-        &self,
-        py: Python<'_>,
-        request_id: &Bound<'_, PyString>,
-        expect: &Bound<'_, PyAny>,
-    ) -> PyResult<ExpectArg> {
+    fn expect_arg<'py>(
+        request_id: &Bound<'py, PyString>,
+        expect: &Bound<'py, PyAny>,
+    ) -> PyResult<ExpectArg<'py>> {
         let invalid = |why: String| InvalidExpectError::new_err((why, request_id.clone().unbind()));
+        if expect.is_instance_of::<PyBool>() {
+            return Err(invalid(format!(
+                "expect={expect}: give a count (an int) or agent names, not a bool"
+            )));
+        }
         if let Ok(n) = expect.extract::<i64>() {
             return match u8::try_from(n) {
                 Ok(n @ 1..=64) => Ok(ExpectArg::Count(n)),
                 _ => Err(invalid(format!("expect={n}: a count must be in 1..=64"))),
             };
+        }
+        if expect.is_instance_of::<PyInt>() {
+            return Err(invalid(format!(
+                "expect={expect}: a count must be in 1..=64"
+            )));
         }
         if expect.is_instance_of::<PyString>() {
             return Err(invalid(
@@ -175,45 +241,54 @@ impl PyLedger {
                 "expect must be an int or a sequence of agent names".into(),
             ));
         };
-        // Iterating may run Python code: collect first, lock the names table after.
+        // Iterating may run Python code: no lock is held.
         let names = names.collect::<PyResult<Vec<_>>>()?;
-        let mut agents = Vec::with_capacity(names.len());
-        let mut table = lock(py, &self.agents);
+        let mut agents: Vec<Bound<'py, PyString>> = Vec::with_capacity(names.len());
+        let mut texts: Vec<&str> = Vec::with_capacity(names.len());
         for name in &names {
             let Ok(name) = name.cast::<PyString>() else {
                 return Err(invalid("agent names must be str".into()));
             };
-            match table.intern(name)? {
-                Ok(agent) => agents.push(agent),
-                Err(_) => return Err(invalid("more than 65 535 distinct agent names".into())),
-            }
+            texts.push(args::utf8(name, "agent name", invalid)?);
+            agents.push(name.clone());
         }
-        drop(table);
-        let distinct = agents
+        let distinct = texts
             .iter()
             .enumerate()
-            .all(|(i, a)| !agents[..i].contains(a));
+            .all(|(i, a)| !texts[..i].contains(a));
         if agents.is_empty() || agents.len() > EDGES || !distinct {
             return Err(invalid(format!(
                 "expect must name 1..={EDGES} distinct agents (got {})",
                 agents.len()
             )));
         }
-        Ok(ExpectArg::Agents(agents.into()))
+        Ok(ExpectArg::Agents(agents))
     }
 }
 
 #[pymethods]
 impl PyLedger {
     #[new]
-    #[pyo3(signature = (capacity = 4096, *, deadline_ms = 30_000, quarantine_ms = 60_000, settle_ms = 5_000, seed = None))]
+    #[pyo3(
+        text_signature = "(capacity=4096, *, deadline_ms=30000, quarantine_ms=60000, settle_ms=5000, seed=None)"
+    )]
+    #[pyo3(signature = (capacity = None, *, deadline_ms = None, quarantine_ms = None, settle_ms = None, seed = None))]
     fn new(
-        capacity: usize,
-        deadline_ms: u64,
-        quarantine_ms: u64,
-        settle_ms: u64,
-        seed: Option<u64>,
+        capacity: Option<&Bound<'_, PyAny>>,
+        deadline_ms: Option<&Bound<'_, PyAny>>,
+        quarantine_ms: Option<&Bound<'_, PyAny>>,
+        settle_ms: Option<&Bound<'_, PyAny>>,
+        seed: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let config_error = |why: String| ConfigError::new_err(why);
+        let capacity = args::unsigned_opt(capacity, "capacity", config_error)?.unwrap_or(4096);
+        let setting = |value, name, default| {
+            args::unsigned_opt::<u64>(value, name, config_error).map(|v| v.unwrap_or(default))
+        };
+        let deadline_ms = setting(deadline_ms, "deadline_ms", 30_000)?;
+        let quarantine_ms = setting(quarantine_ms, "quarantine_ms", 60_000)?;
+        let settle_ms = setting(settle_ms, "settle_ms", 5_000)?;
+        let seed: Option<u64> = args::unsigned_opt(seed, "seed", config_error)?;
         let Some(&table_size) = TABLE_SIZES.iter().find(|&&n| n >= capacity) else {
             return Err(ConfigError::new_err(format!(
                 "capacity {capacity} is above the largest table ({})",
@@ -237,7 +312,14 @@ impl PyLedger {
             16_384 => tracker::build::<16_384>(config),
             _ => tracker::build::<65_536>(config),
         }
-        .map_err(|e| ConfigError::new_err(format!("cannot build the ledger: {e}")))?;
+        .map_err(|e| match e {
+            BuildError::NoMemory { bytes } => AllocError::new_err(format!(
+                "no memory for a ledger of table size {table_size} ({bytes} bytes)"
+            )),
+            BuildError::NoThread(e) => AllocError::new_err(format!(
+                "cannot start the thread that builds the ledger: {e}"
+            )),
+        })?;
         Ok(PyLedger {
             tracker,
             agents: Mutex::new(AgentTable::default()),
@@ -309,11 +391,13 @@ impl PyLedger {
         request_id: &Bound<'_, PyString>,
         blocks: &Bound<'_, PyAny>,
         expect: &Bound<'_, PyAny>,
-        deadline_ms: Option<u64>,
+        deadline_ms: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let expect = self.expect_arg(py, request_id, expect)?;
-        let entry = Self::entry(request_id, blocks.clone(), &expect);
-        self.register_entries(py, vec![entry], deadline_ms)
+        // The id is checked with the registration (a refusal like the core's).
+        let expect = Self::expect_arg(request_id, expect)?;
+        let deadline_ms = args::unsigned_opt(deadline_ms, "deadline_ms", invalid_argument)?;
+        let entry = Self::entry(request_id.clone().unbind(), blocks.clone().unbind());
+        self.register_entries(py, vec![entry], &expect, deadline_ms)
     }
 
     /// Registers `request_ids[i]` with `blocks[i]`, all with the same `expect`, in order
@@ -321,90 +405,67 @@ impl PyLedger {
     /// it raises as `register` does: the requests before it stay registered, the ones
     /// after it are not.
     #[pyo3(signature = (request_ids, blocks, expect, *, deadline_ms = None))]
-    fn register_many(
+    fn register_many<'py>(
         &self,
-        py: Python<'_>,
-        request_ids: &Bound<'_, PyAny>,
-        blocks: &Bound<'_, PyAny>,
-        expect: &Bound<'_, PyAny>,
-        deadline_ms: Option<u64>,
+        py: Python<'py>,
+        request_ids: &Bound<'py, PyAny>,
+        blocks: &Bound<'py, PyAny>,
+        expect: &Bound<'py, PyAny>,
+        deadline_ms: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<()> {
+        let deadline_ms = args::unsigned_opt(deadline_ms, "deadline_ms", invalid_argument)?;
         let mut blocks = blocks.try_iter()?;
-        let mut parsed: Option<ExpectArg> = None;
+        let mut parsed: Option<ExpectArg<'py>> = None;
         let mut entries = Vec::with_capacity(request_ids.len().unwrap_or(0));
+        // An id that can never complete is refused as the core refuses a registration: the
+        // ones before it stay registered, the ones after it are not.
         for request_id in request_ids.try_iter()? {
             let request_id = request_id?;
-            let request_id = request_id.cast::<PyString>()?;
+            let request_id = request_id.cast_into::<PyString>()?;
             let Some(block) = blocks.next() else {
                 return Err(InvalidExpectError::new_err((
                     "register_many: fewer blocks than request ids",
-                    request_id.clone().unbind(),
+                    request_id.unbind(),
                 )));
             };
-            let expect = match &parsed {
-                Some(e) => e,
-                None => parsed.insert(self.expect_arg(py, request_id, expect)?),
-            };
-            entries.push(Self::entry(request_id, block?, expect));
+            if parsed.is_none() {
+                parsed = Some(Self::expect_arg(&request_id, expect)?);
+            }
+            entries.push(Self::entry(request_id.unbind(), block?.unbind()));
         }
-        self.register_entries(py, entries, deadline_ms)
+        match &parsed {
+            Some(expect) => self.register_entries(py, entries, expect, deadline_ms),
+            None => Ok(()),
+        }
     }
 
     /// Feeds one NIXL batch: the `dict[str, list[bytes]]` that `get_new_notifs()` returns
     /// (any mapping of agent name to an iterable of messages works; a `dict` of `list`s
     /// is read without copying anything). Returns the producer-bound messages (`HB:`,
     /// `PUSH_REG:`) as `(agent, message)` pairs, the very objects given. Never raises on
-    /// message content: garbage is counted and ignored.
+    /// message content: garbage is counted and ignored; only `bytes` are messages (a
+    /// `bytes`, `bytearray`, `memoryview` or `str` value is one message, not a sequence).
+    /// If reading the batch raises (an iterable of messages that raises, even
+    /// `KeyboardInterrupt`), the messages read before it are fed, then that very exception
+    /// propagates, carrying the producer-bound ones among them as its
+    /// `kvdrain_producer_bound` attribute. The batch is read in chunks (`feed.rs`); a
+    /// chunk of 512 messages or more is fed with the GIL released.
     fn feed<'py>(
         &self,
         py: Python<'py>,
         notifs: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let pairs: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)> = match notifs.cast::<PyDict>() {
-            Ok(dict) => dict.iter().collect(),
-            Err(_) => notifs
-                .call_method0("items")?
-                .try_iter()?
-                .map(|kv| kv?.extract())
-                .collect::<PyResult<_>>()?,
-        };
-        let mut batch = Vec::with_capacity(pairs.len());
-        for (key, messages) in pairs {
-            let messages = match messages.cast_into::<PyList>() {
-                Ok(list) => list,
-                Err(e) => {
-                    let other = e.into_inner();
-                    // One message instead of a list, or something that is not a list of
-                    // messages at all: read what can be read, count the rest as not bytes.
-                    let one = || vec![other.clone()];
-                    let items = match other.try_iter() {
-                        Ok(items) if !other.is_instance_of::<pyo3::types::PyBytes>() => items
-                            .collect::<PyResult<Vec<_>>>()
-                            .unwrap_or_else(|_| one()),
-                        _ => one(),
-                    };
-                    PyList::new(py, items)?
-                }
-            };
-            batch.push((AgentId::STRANGER, key, messages));
-        }
-        {
-            let agents = lock(py, &self.agents);
-            for (agent, key, _) in &mut batch {
-                if let Ok(name) = key.cast::<PyString>() {
-                    if let Ok(name) = name.to_str() {
-                        *agent = agents.lookup(name);
-                    }
-                }
+        let mut reader = BatchReader::new(py, &*self.tracker, &self.agents);
+        let failure = reader.read(notifs)?;
+        let out = reader.finish()?;
+        match failure {
+            None => Ok(out),
+            Some(e) => {
+                // Best effort: an exception type without attributes still propagates.
+                let _ = e.value(py).setattr("kvdrain_producer_bound", out);
+                Err(e)
             }
         }
-        let batch: &Batch<'py> = &batch;
-        let fed = self.tracker.feed(py, batch);
-        let out = PyList::empty(py);
-        for (key, message) in fed.producer_bound {
-            out.append(PyTuple::new(py, [key, message])?)?;
-        }
-        Ok(out)
     }
 
     /// Decisions the fed notices made ready (completed; failed then released; released of
@@ -421,9 +482,14 @@ impl PyLedger {
         &self,
         py: Python<'py>,
     ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
-        let mut completed = Vec::new();
+        // Sized for a step's completions: growing them costs more than the call.
+        let mut completed = Vec::with_capacity(64);
+        let mut blocks = Vec::with_capacity(64);
         let mut others = Vec::new();
-        self.tracker.poll_split(py, &mut completed, &mut others);
+        self.tracker
+            .poll_split(py, &mut completed, &mut blocks, &mut others);
+        // The lock is released: a `__del__` these drops run may call back in.
+        drop(blocks);
         let others = others
             .into_iter()
             .map(|t| self.decision(py, t))
@@ -433,7 +499,12 @@ impl PyLedger {
 
     /// Moves the clock to `now_ms`; returns the decisions of the deadlines, quarantine
     /// ends and settle ends it reached.
-    fn advance<'py>(&self, py: Python<'py>, now_ms: u64) -> PyResult<Bound<'py, PyList>> {
+    fn advance<'py>(
+        &self,
+        py: Python<'py>,
+        now_ms: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let now_ms = args::unsigned(now_ms, "now_ms", invalid_argument)?;
         match self.tracker.advance(py, now_ms) {
             Ok(taken) => self.decisions(py, taken),
             Err(ClockError::Backwards { last, now }) => Err(ClockBackwardsError::new_err((
@@ -451,11 +522,11 @@ impl PyLedger {
         py: Python<'_>,
         request_id: &Bound<'_, PyString>,
     ) -> PyResult<Option<Py<Decision>>> {
-        match self.tracker.abort(py, request_id.to_str()?) {
+        match self.tracker.abort(py, args::request_id_utf8(request_id)?) {
             Ok(taken) => Ok(Some(self.decision(py, taken)?)),
             Err(AbortError::Late) => Ok(None),
             Err(AbortError::Unknown) => Err(UnknownRequestError::new_err((
-                format!("abort of unknown request {:?}", request_id.to_str()?),
+                format!("abort of unknown request {}", args::repr(request_id)),
                 request_id.clone().unbind(),
             ))),
         }
@@ -471,8 +542,9 @@ impl PyLedger {
         py: Python<'py>,
         agent: &Bound<'py, PyString>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let agent = lock(py, &self.agents).lookup(agent.to_str()?);
-        if agent == STRANGER {
+        let name = args::utf8(agent, "agent name", invalid_argument)?;
+        let agent = lock(py, &self.agents).lookup(name);
+        if agent == AgentId::STRANGER {
             return Ok(PyList::empty(py));
         }
         let (_, taken) = self.tracker.gone(py, agent);
@@ -488,7 +560,8 @@ impl PyLedger {
         py: Python<'py>,
         agent: &Bound<'py, PyString>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let agent = lock(py, &self.agents).lookup(agent.to_str()?);
+        let name = args::utf8(agent, "agent name", invalid_argument)?;
+        let agent = lock(py, &self.agents).lookup(name);
         if agent == AgentId::STRANGER {
             return Ok(PyList::empty(py));
         }

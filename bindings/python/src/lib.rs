@@ -20,20 +20,26 @@
 //! `request_id` and `blocks` objects.
 //!
 //! Threads: the pyclass is `frozen`; the ledger's ingest half and engine half are each
-//! behind their own lock (`src/tracker.rs`), so feeding and deciding never wait for each other,
-//! and a thread that must wait does so with the GIL released (`src/lock.rs`).
+//! behind their own lock (`src/tracker.rs`), so feeding and deciding never wait for each
+//! other's lock; a thread that must wait does so with the GIL released, no Python code
+//! runs under a lock (a finalizer may call back in), and a long `feed` runs its core loop
+//! without the GIL (`src/lock.rs` says exactly what holds).
 //!
-//! Memory: the ledger is a `kvdrain::Ledger<N, 8>` built on a thread with a stack large
-//! enough for it, boxed, and split once; the box and its two halves live together in a
-//! self-referential holder (`ouroboros`), so no hand-written `unsafe` is needed
-//! (`deny(unsafe_code)`). `N` is picked from the capacity at run time among 1024, 4096,
-//! 16 384 and 65 536; deadlines, quarantine and settling are run-time arguments.
+//! Memory: the ledger is a `kvdrain::Ledger<N, 8>` in memory reserved fallibly (no memory
+//! raises `kvdrain.AllocError`, a `MemoryError`, instead of aborting), built there on a
+//! thread with a stack large enough for it, and split once; the ledger and its two halves
+//! live together in a self-referential holder (`ouroboros`), so no hand-written `unsafe`
+//! is needed (`deny(unsafe_code)`). `N` is picked from the capacity at run time among
+//! 1024, 4096, 16 384 and 65 536; deadlines, quarantine and settling are run-time
+//! arguments.
 
 #![deny(unsafe_code)]
 
 mod agents;
+mod args;
 mod decision;
 mod errors;
+mod feed;
 mod ledger;
 mod lock;
 mod producer;

@@ -6,6 +6,7 @@ use kvdrain::wire::Body;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
+use crate::args;
 use crate::errors::{PlanError as PyPlanError, TopologyError as PyTopologyError};
 
 /// One request on one producer rank.
@@ -21,6 +22,10 @@ pub(crate) struct PyPushPlan {
 
 fn topology_error(e: TopologyError) -> PyErr {
     PyTopologyError::new_err(e.to_string())
+}
+
+fn topology_message(why: String) -> PyErr {
+    PyTopologyError::new_err(why)
 }
 
 fn plan_error(e: PlanError) -> PyErr {
@@ -41,8 +46,8 @@ fn state_name(s: EdgeState) -> &'static str {
 }
 
 impl PyPushPlan {
-    fn rank(d_rank: i64) -> PyResult<u16> {
-        u16::try_from(d_rank).map_err(|_| plan_error(PlanError::UnknownEdge(u16::MAX)))
+    fn rank(d_rank: &Bound<'_, PyAny>) -> PyResult<u16> {
+        args::unsigned(d_rank, "d_rank", PyPlanError::new_err)
     }
 
     /// `(agent, PUSH_FAIL bytes)` for each owed notice whose consumer agent is known.
@@ -76,21 +81,30 @@ impl PyPushPlan {
 #[pymethods]
 impl PyPushPlan {
     #[new]
-    #[pyo3(signature = (request_id, *, p_tp, d_tp, d_agents, tp_rank, p_pp = 1, pp_stage = 0, mla = false))]
+    #[pyo3(
+        text_signature = "(request_id, *, p_tp, d_tp, d_agents, tp_rank, p_pp=1, pp_stage=0, mla=False)"
+    )]
+    #[pyo3(signature = (request_id, *, p_tp, d_tp, d_agents, tp_rank, p_pp = None, pp_stage = None, mla = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         request_id: &Bound<'_, PyString>,
-        p_tp: u16,
-        d_tp: u16,
+        p_tp: &Bound<'_, PyAny>,
+        d_tp: &Bound<'_, PyAny>,
         d_agents: Vec<Option<Py<PyString>>>,
-        tp_rank: u16,
-        p_pp: u16,
-        pp_stage: u16,
+        tp_rank: &Bound<'_, PyAny>,
+        p_pp: Option<&Bound<'_, PyAny>>,
+        pp_stage: Option<&Bound<'_, PyAny>>,
         mla: bool,
     ) -> PyResult<Self> {
-        if request_id.to_str()?.is_empty() {
-            return Err(PyPlanError::new_err("empty request id"));
-        }
+        args::registrable_request_id(request_id)?;
+        let size = |value, name| args::unsigned::<u16>(value, name, topology_message);
+        let (p_tp, d_tp, tp_rank) = (
+            size(p_tp, "p_tp")?,
+            size(d_tp, "d_tp")?,
+            size(tp_rank, "tp_rank")?,
+        );
+        let p_pp = args::unsigned_opt(p_pp, "p_pp", topology_message)?.unwrap_or(1);
+        let pp_stage = args::unsigned_opt(pp_stage, "pp_stage", topology_message)?.unwrap_or(0);
         let topology = Topology {
             p_tp,
             p_pp,
@@ -131,17 +145,17 @@ impl PyPushPlan {
     }
 
     /// Whether the WRITE to `d_rank` may be posted now (not retired, edge still planned).
-    fn may_post(&self, d_rank: i64) -> PyResult<bool> {
+    fn may_post(&self, d_rank: &Bound<'_, PyAny>) -> PyResult<bool> {
         Ok(self.plan.may_post(Self::rank(d_rank)?).is_ok())
     }
 
     /// The WRITE to `d_rank` was posted.
-    fn posted(&mut self, d_rank: i64) -> PyResult<()> {
+    fn posted(&mut self, d_rank: &Bound<'_, PyAny>) -> PyResult<()> {
         self.plan.posted(Self::rank(d_rank)?).map_err(plan_error)
     }
 
     /// The WRITE to `d_rank` could not be described or posted: nothing was sent.
-    fn post_failed(&mut self, d_rank: i64) -> PyResult<()> {
+    fn post_failed(&mut self, d_rank: &Bound<'_, PyAny>) -> PyResult<()> {
         self.plan
             .post_failed(Self::rank(d_rank)?)
             .map_err(plan_error)
@@ -149,21 +163,21 @@ impl PyPushPlan {
 
     /// The initiator saw the WRITE to `d_rank` succeed (after `status_unknown`, use
     /// `landed_after_unknown`).
-    fn landed(&mut self, d_rank: i64) -> PyResult<()> {
+    fn landed(&mut self, d_rank: &Bound<'_, PyAny>) -> PyResult<()> {
         self.plan.landed(Self::rank(d_rank)?).map_err(plan_error)
     }
 
     /// The posted WRITE to `d_rank` ended with a backend error (its own, or another
     /// transfer's to the same consumer agent): nothing more of it lands, a `PUSH_FAIL` is
     /// owed. Also accepted after `status_unknown`: the error bounds the unknown write.
-    fn backend_error(&mut self, d_rank: i64) -> PyResult<()> {
+    fn backend_error(&mut self, d_rank: &Bound<'_, PyAny>) -> PyResult<()> {
         self.plan
             .backend_error(Self::rank(d_rank)?)
             .map_err(plan_error)
     }
 
     /// The older name of `backend_error`.
-    fn failed(&mut self, d_rank: i64) -> PyResult<()> {
+    fn failed(&mut self, d_rank: &Bound<'_, PyAny>) -> PyResult<()> {
         self.plan
             .backend_error(Self::rank(d_rank)?)
             .map_err(plan_error)
@@ -173,7 +187,7 @@ impl PyPushPlan {
     /// producer did not cause): it may still land. Nothing is owed and the edge is not
     /// terminal (the source blocks stay fenced; the consumer's deadline decides) until a
     /// later `landed_after_unknown` or `backend_error`. Repeating it is a no-op.
-    fn status_unknown(&mut self, d_rank: i64) -> PyResult<()> {
+    fn status_unknown(&mut self, d_rank: &Bound<'_, PyAny>) -> PyResult<()> {
         self.plan
             .status_unknown(Self::rank(d_rank)?)
             .map_err(plan_error)
@@ -181,14 +195,14 @@ impl PyPushPlan {
 
     /// The WRITE to `d_rank`, posted and perhaps reported unknown, was later seen to
     /// succeed: it landed, nothing is owed.
-    fn landed_after_unknown(&mut self, d_rank: i64) -> PyResult<()> {
+    fn landed_after_unknown(&mut self, d_rank: &Bound<'_, PyAny>) -> PyResult<()> {
         self.plan
             .landed_after_unknown(Self::rank(d_rank)?)
             .map_err(plan_error)
     }
 
     /// Consumer rank `d_rank` cannot be named or reached: no notice can be sent to it.
-    fn unreachable(&mut self, d_rank: i64) -> PyResult<()> {
+    fn unreachable(&mut self, d_rank: &Bound<'_, PyAny>) -> PyResult<()> {
         self.plan
             .unreachable(Self::rank(d_rank)?)
             .map_err(plan_error)
@@ -217,7 +231,7 @@ impl PyPushPlan {
     }
 
     /// The notice for `d_rank` was handed to the transport.
-    fn noticed(&mut self, d_rank: i64) -> PyResult<()> {
+    fn noticed(&mut self, d_rank: &Bound<'_, PyAny>) -> PyResult<()> {
         self.plan.noticed(Self::rank(d_rank)?).map_err(plan_error)
     }
 

@@ -13,20 +13,26 @@ use crate::tracker::Entry;
 /// Live registrations: `(key, entry)` in a ring, the rare long-lived ones in `overflow`.
 #[derive(Debug)]
 pub(crate) struct Requests {
-    ring: Box<[Option<(u64, Entry)>]>,
+    /// Reserved fallibly at its full length, never grown.
+    ring: Vec<Option<(u64, Entry)>>,
     mask: u64,
     overflow: HashMap<u64, Entry>,
 }
 
 impl Requests {
-    /// A table for a ledger of `table_size` (a power of two) requests.
-    pub(crate) fn new(table_size: usize) -> Self {
+    /// A table for a ledger of `table_size` (a power of two) requests, or the bytes it
+    /// needed if they could not be allocated.
+    pub(crate) fn try_new(table_size: usize) -> Result<Self, usize> {
         let places = (table_size * 2).next_power_of_two();
-        Requests {
-            ring: (0..places).map(|_| None).collect(),
+        let mut ring = Vec::new();
+        ring.try_reserve_exact(places)
+            .map_err(|_| places * size_of::<Option<(u64, Entry)>>())?;
+        ring.resize_with(places, || None);
+        Ok(Requests {
+            ring,
             mask: places as u64 - 1,
             overflow: HashMap::new(),
-        }
+        })
     }
 
     fn place(&self, key: u64) -> usize {
@@ -98,7 +104,7 @@ mod tests {
     fn long_lived_entries_overflow_and_come_back() {
         Python::initialize();
         Python::attach(|py| {
-            let mut r = Requests::new(2); // 4 places
+            let mut r = Requests::try_new(2).expect("4 places"); // 4 places
             for k in 0..10 {
                 r.insert(k, entry(py, k));
                 if k != 1 {

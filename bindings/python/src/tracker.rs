@@ -23,7 +23,7 @@ use pyo3::types::{PyBytes, PyList, PyString};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::decision::Kind;
-use crate::lock::lock;
+use crate::lock::{lock, lock_detached};
 use crate::requests::Requests;
 
 /// Named edges per request in every table the module builds (counting mode allows up to
@@ -65,35 +65,67 @@ pub(crate) struct Taken {
     pub(crate) outstanding: Option<Outstanding>,
 }
 
-/// One NIXL batch, sender by sender: `(agent number, the dict key, its messages)`.
-pub(crate) type Batch<'py> = [(AgentId, Bound<'py, PyAny>, Bound<'py, PyList>)];
+/// One message of a batch: the sender's number and the bytes, borrowed from a `bytes`
+/// object the caller keeps alive (immutable, so no other thread can change them while
+/// the batch is fed without the GIL).
+pub(crate) type Message<'b> = (AgentId, &'b [u8]);
 
-/// What a batch gave back: the producer-bound messages `(dict key, message)`, untouched.
-#[derive(Debug, Default)]
-pub(crate) struct Fed<'py> {
-    pub(crate) producer_bound: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+/// Batches at least this long are fed with the GIL released: below it, detaching (about
+/// a microsecond) would cost more than the other threads gain.
+pub(crate) const DETACH_AT: usize = 512;
+
+/// Why the engine side refused one registration.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Refusal {
+    /// The core refused it.
+    Core(RegisterErrorKind),
+    /// Its id is not valid UTF-8.
+    NotUtf8,
+    /// Its id can never complete (`kvdrain::wire::check_request_id`).
+    CannotComplete(kvdrain::wire::EncodeError),
 }
 
 /// The table-size-independent face of [`Halves`].
 pub(crate) trait Tracker: Send + Sync {
-    /// Feeds every message of a batch to the ingest half.
-    fn feed<'py>(&self, py: Python<'py>, batch: &Batch<'py>) -> Fed<'py>;
+    /// Feeds `messages` in order to the ingest half (with the GIL released from
+    /// [`DETACH_AT`] messages on) and counts `not_bytes` entries that were not `bytes`;
+    /// pushes the positions of the producer-bound messages onto `producer_bound`.
+    fn feed(
+        &self,
+        py: Python<'_>,
+        messages: &[Message<'_>],
+        not_bytes: u64,
+        producer_bound: &mut Vec<usize>,
+    );
+    /// Feeds small batches of `list`s with the GIL held, element by element (no copy of
+    /// the references): `(agent, list, key)` per sender; entries that are not `bytes` are
+    /// counted. Pushes `(sender position, message)` for each producer-bound message.
+    /// Nothing here runs Python code, so no other thread can change the lists meanwhile.
+    fn feed_lists<'py>(
+        &self,
+        py: Python<'py>,
+        batch: &[(AgentId, Bound<'py, PyList>, Bound<'py, PyAny>)],
+        producer_bound: &mut Vec<(usize, Bound<'py, PyAny>)>,
+    );
     /// Registers each `(entry, count)` in order under one lock; stops at the first refusal
-    /// and hands back its position, why, and the refused entry. The entries after it are
-    /// left in `entries`.
+    /// and hands back why, and the refused entry. The entries after it are left in
+    /// `entries`. Runs no Python code and drops no Python object.
     fn register_many(
         &self,
         py: Python<'_>,
         entries: &mut std::vec::IntoIter<(Entry, Option<u8>)>,
         deadline_ms: Option<u64>,
-    ) -> PyResult<Result<(), (RegisterErrorKind, Entry)>>;
+    ) -> Result<(), (Refusal, Entry)>;
     /// Decisions the ingest half made ready.
     fn poll(&self, py: Python<'_>) -> Vec<Taken>;
-    /// The same, with the completed requests' ids apart (no [`Taken`] made for them).
+    /// The same, with the completed requests' ids apart (no [`Taken`] made for them) and
+    /// their blocks objects in `blocks`, for the caller to drop once the lock is released
+    /// (a drop may run `__del__`).
     fn poll_split(
         &self,
         py: Python<'_>,
         completed: &mut Vec<Py<PyString>>,
+        blocks: &mut Vec<Py<PyAny>>,
         others: &mut Vec<Taken>,
     );
     /// Moves the clock; deadlines and quarantine ends fire.
@@ -138,10 +170,11 @@ struct Sides<'l, const N: usize> {
     engine: Mutex<EngineSide<'l, N>>,
 }
 
-/// A heap ledger of `N` requests and its two halves.
+/// A heap ledger of `N` requests and its two halves. The ledger is the one element of a
+/// `Vec` (reserved fallibly, never grown, so it never moves).
 #[self_referencing]
 pub(crate) struct Halves<const N: usize> {
-    ledger: Box<Ledger<N, EDGES>>,
+    ledger: Vec<Ledger<N, EDGES>>,
     #[borrows(mut ledger)]
     #[not_covariant]
     sides: Sides<'this, N>,
@@ -155,37 +188,52 @@ impl<const N: usize> std::fmt::Debug for Halves<N> {
     }
 }
 
-/// Builds a `Ledger<N, EDGES>` and splits it. [`Ledger::new`] builds the value on the
-/// stack (13 MiB at `N` = 65 536), so this runs on a thread whose stack has room for it.
-pub(crate) fn build<const N: usize>(config: Config) -> std::io::Result<Box<dyn Tracker>> {
+/// Why a ledger could not be built.
+#[derive(Debug)]
+pub(crate) enum BuildError {
+    /// Its tables (`bytes` of them) could not be allocated.
+    NoMemory { bytes: usize },
+    /// The thread with a stack for its construction could not start.
+    NoThread(std::io::Error),
+}
+
+/// Builds a `Ledger<N, EDGES>` and splits it. Its memory and the key table's are
+/// allocated fallibly first (an out-of-memory is an error, not an abort). [`Ledger::new`]
+/// builds the value on the stack (13 MiB at `N` = 65 536), so it runs on a thread whose
+/// stack has room for it, and is moved into the reserved place.
+pub(crate) fn build<const N: usize>(config: Config) -> Result<Box<dyn Tracker>, BuildError> {
     let bytes = std::mem::size_of::<Ledger<N, EDGES>>();
+    // The one element's place, reserved now: the push below never allocates.
+    let mut ledger: Vec<Ledger<N, EDGES>> = Vec::new();
+    ledger
+        .try_reserve_exact(1)
+        .map_err(|_| BuildError::NoMemory { bytes })?;
+    let requests = Requests::try_new(N).map_err(|bytes| BuildError::NoMemory { bytes })?;
     std::thread::Builder::new()
         .name("kvdrain-ledger".into())
         .stack_size(bytes * 4 + (4 << 20))
         .spawn(move || -> Box<dyn Tracker> {
-            let ledger = Box::new(Ledger::<N, EDGES>::new(config));
+            ledger.push(Ledger::<N, EDGES>::new(config));
             Box::new(
                 HalvesBuilder {
                     ledger,
-                    sides_builder: |ledger: &mut Box<Ledger<N, EDGES>>| {
-                        let (ingest, engine) = ledger.split();
+                    sides_builder: |ledger: &mut Vec<Ledger<N, EDGES>>| {
+                        let (ingest, engine) = ledger[0].split();
                         Sides {
                             ingest: Mutex::new(IngestSide {
                                 ingest,
                                 not_bytes: 0,
                             }),
-                            engine: Mutex::new(EngineSide {
-                                engine,
-                                requests: Requests::new(N),
-                            }),
+                            engine: Mutex::new(EngineSide { engine, requests }),
                         }
                     },
                 }
                 .build(),
             )
-        })?
+        })
+        .map_err(BuildError::NoThread)?
         .join()
-        .map_err(|_| std::io::Error::other("building the ledger panicked"))
+        .map_err(|_| BuildError::NoThread(std::io::Error::other("building the ledger panicked")))
 }
 
 /// Turns one of the core's decisions into a [`Taken`]; completed and released requests
@@ -225,6 +273,25 @@ fn taken(requests: &mut Requests, py: Python<'_>, at_ms: u64, d: CoreDecision) -
     })
 }
 
+/// The core loop of `feed`: every message to the ingest half, in order.
+fn feed_side<const N: usize>(
+    side: &mut IngestSide<'_, N>,
+    messages: &[Message<'_>],
+    not_bytes: u64,
+    producer_bound: &mut Vec<usize>,
+) {
+    side.not_bytes += not_bytes;
+    for (at, &(agent, bytes)) in messages.iter().enumerate() {
+        // A decided request waits on the ready ring for the engine's pull; an ignored
+        // notice is counted by the core.
+        if let Err(ignored) = side.ingest.handle_notification(agent, bytes)
+            && ignored.reason == kvdrain::IgnoreReason::NotForConsumer
+        {
+            producer_bound.push(at);
+        }
+    }
+}
+
 /// Pulls the decisions the last `advance` or `fence` queued (those of requests the ingest
 /// half drained stay for `poll`, which decides them).
 fn take_queued<const N: usize>(engine: &mut Engine<'_, N, EDGES>, each: impl FnMut(CoreDecision)) {
@@ -232,27 +299,50 @@ fn take_queued<const N: usize>(engine: &mut Engine<'_, N, EDGES>, each: impl FnM
 }
 
 impl<const N: usize> Tracker for Halves<N> {
-    fn feed<'py>(&self, py: Python<'py>, batch: &Batch<'py>) -> Fed<'py> {
-        let mut fed = Fed::default();
+    fn feed(
+        &self,
+        py: Python<'_>,
+        messages: &[Message<'_>],
+        not_bytes: u64,
+        producer_bound: &mut Vec<usize>,
+    ) {
+        self.with_sides(|sides| {
+            if messages.len() >= DETACH_AT {
+                // Nothing below touches a Python object: the bytes are borrowed from
+                // objects the caller holds.
+                py.detach(|| {
+                    let mut side = lock_detached(&sides.ingest);
+                    feed_side(&mut side, messages, not_bytes, producer_bound);
+                });
+            } else {
+                let mut side = lock(py, &sides.ingest);
+                feed_side(&mut side, messages, not_bytes, producer_bound);
+            }
+        });
+    }
+
+    fn feed_lists<'py>(
+        &self,
+        py: Python<'py>,
+        batch: &[(AgentId, Bound<'py, PyList>, Bound<'py, PyAny>)],
+        producer_bound: &mut Vec<(usize, Bound<'py, PyAny>)>,
+    ) {
         self.with_sides(|sides| {
             let mut side = lock(py, &sides.ingest);
-            for (agent, key, messages) in batch {
+            for (sender, (agent, messages, _)) in batch.iter().enumerate() {
                 for message in messages.iter() {
                     let Ok(bytes) = message.cast::<PyBytes>() else {
                         side.not_bytes += 1;
                         continue;
                     };
-                    // A decided request waits on the ready ring for the engine's pull;
-                    // an ignored notice is counted by the core.
                     if let Err(ignored) = side.ingest.handle_notification(*agent, bytes.as_bytes())
                         && ignored.reason == kvdrain::IgnoreReason::NotForConsumer
                     {
-                        fed.producer_bound.push((key.clone(), message.clone()));
+                        producer_bound.push((sender, message.clone()));
                     }
                 }
             }
         });
-        fed
     }
 
     fn register_many(
@@ -260,12 +350,17 @@ impl<const N: usize> Tracker for Halves<N> {
         py: Python<'_>,
         entries: &mut std::vec::IntoIter<(Entry, Option<u8>)>,
         deadline_ms: Option<u64>,
-    ) -> PyResult<Result<(), (RegisterErrorKind, Entry)>> {
+    ) -> Result<(), (Refusal, Entry)> {
         self.with_sides(|sides| {
             let mut side = lock(py, &sides.engine);
             for (entry, count) in entries.by_ref() {
                 let id_object = entry.id.bind(py);
-                let id = id_object.to_str()?;
+                let Ok(id) = id_object.to_str() else {
+                    return Err((Refusal::NotUtf8, entry));
+                };
+                if let Err(e) = kvdrain::wire::check_request_id(id) {
+                    return Err((Refusal::CannotComplete(e), entry));
+                }
                 let expect = match count {
                     Some(n) => Expect::Count(n),
                     None => Expect::Edges(entry.agents.as_deref().unwrap_or_default()),
@@ -280,10 +375,10 @@ impl<const N: usize> Tracker for Halves<N> {
                     Ok(ticket) => {
                         side.requests.insert(ticket.key().get(), entry);
                     }
-                    Err(e) => return Ok(Err((e.kind, entry))),
+                    Err(e) => return Err((Refusal::Core(e.kind), entry)),
                 }
             }
-            Ok(Ok(()))
+            Ok(())
         })
     }
 
@@ -304,6 +399,7 @@ impl<const N: usize> Tracker for Halves<N> {
         &self,
         py: Python<'_>,
         completed: &mut Vec<Py<PyString>>,
+        blocks: &mut Vec<Py<PyAny>>,
         others: &mut Vec<Taken>,
     ) {
         self.with_sides(|sides| {
@@ -316,10 +412,9 @@ impl<const N: usize> Tracker for Halves<N> {
                         let key = drained.key().get();
                         let BlockHandle(_) = drained.into_decode();
                         if let Some(entry) = requests.remove(key) {
-                            // Dropped as a `Bound`: a plain decref, no check for an
-                            // attached thread; nothing runs, the caller still holds its
-                            // blocks object.
-                            drop(entry.blocks.into_bound(py));
+                            // Not dropped here: the ledger may hold the last reference,
+                            // and its `__del__` must not run under this lock.
+                            blocks.push(entry.blocks);
                             completed.push(entry.id);
                         }
                     }

@@ -173,7 +173,7 @@ def test_misuse_raises_plan_error() -> None:
         plan.posted(-1)
     with pytest.raises(kvdrain.PlanError):
         failure_notices("r", {3: "landed"}, p_tp=1, d_tp=1, d_agents=["D0"], tp_rank=0)
-    with pytest.raises(kvdrain.PlanError):
+    with pytest.raises(kvdrain.InvalidRequestIdError):
         PushPlan("", p_tp=1, d_tp=1, d_agents=["D0"], tp_rank=0)
     with pytest.raises(kvdrain.PlanError):
         failure_notices(

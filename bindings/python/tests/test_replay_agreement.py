@@ -16,6 +16,7 @@ import pathlib
 import subprocess
 from typing import Union
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +26,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 REPLAY = pathlib.Path(os.environ.get("KVDRAIN_BIN", ROOT / "target" / "release" / "kvdrain"))
 
 IDS = ["r0", "r1", "r2", "r3", "r:4", "PUSH_FAIL"]
+# The Python ledger refuses an id that can never complete (`PUSH_FAIL`: its completion
+# reads as a failure notice), which a trace may register (it expires): traces register
+# only the others, and notices and aborts still name it.
+REGISTRABLE = [i for i in IDS if i != "PUSH_FAIL"]
 AGENTS = ["p0", "p1", "p2", "p3"]
 
 At = tuple[str, int]
@@ -52,7 +57,7 @@ commands: st.SearchStrategy[Command] = st.one_of(
     st.tuples(st.just("at"), steps),
     st.tuples(
         st.just("register"),
-        st.sampled_from(IDS),
+        st.sampled_from(REGISTRABLE),
         st.one_of(
             st.integers(1, 3),
             st.lists(st.sampled_from(AGENTS), min_size=1, max_size=3, unique=True),
@@ -75,7 +80,7 @@ def settling_story(draw: st.DrawFn) -> list[Command]:
     """A request that fails by failure notices (counting or named edges), then clock
     steps around its settle end, sometimes an abort or a late notice in between: so that
     failed requests that settle, and settle ends the clock crosses, are common."""
-    rid = draw(st.sampled_from(IDS))
+    rid = draw(st.sampled_from(REGISTRABLE))
     agents = draw(st.lists(st.sampled_from(AGENTS), min_size=1, max_size=3, unique=True))
     expect: int | list[str] = draw(st.one_of(st.just(agents), st.just(len(agents))))
     story: list[Command] = [("register", rid, expect, draw(st.one_of(st.none(), st.just(600))))]
@@ -316,3 +321,19 @@ def test_quarantine_end_tied_with_a_settle_end_is_not_forced() -> None:
     events, _ = through_replay(trace)
     assert events[-1] == {"at": 100, "event": "released", "req": "r1", "forced": False}
     assert through_python(config, absolute) == through_replay(trace)
+
+
+def test_an_id_that_can_never_complete_is_refused_by_python_only() -> None:
+    """The replay spec lets a trace register any id (its rejections are `full` and
+    `duplicate_id`), so the core accepts `PUSH_FAIL` and it expires; the Python API
+    refuses it up front instead, since no completion of it can exist."""
+    cmds: list[Command] = [
+        ("register", "PUSH_FAIL", 1, 10),
+        ("notify", "p0", b"PUSH_FAIL:1"),
+        ("at", 10),
+    ]
+    trace, _ = render((4, 1000, 0, 0), cmds)
+    events, _ = through_replay(trace)
+    assert [e["event"] for e in events] == ["expired", "released"]
+    with pytest.raises(kvdrain.InvalidRequestIdError):
+        kvdrain.Ledger(4).register("PUSH_FAIL", None, 1)

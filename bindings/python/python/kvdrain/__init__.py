@@ -17,11 +17,14 @@ connector plugin built on both (``KvdrainPushConnector``).
 from __future__ import annotations
 
 from kvdrain._errors import (
+    AllocError,
     ClockBackwardsError,
     ConfigError,
     DuplicateRequestError,
     FullError,
+    InvalidArgumentError,
     InvalidExpectError,
+    InvalidRequestIdError,
     KvdrainError,
     PlanError,
     TopologyError,
@@ -33,12 +36,15 @@ from kvdrain._producer import Outcome, failure_notices, plan_outcomes
 __all__ = [
     "MAX_EDGES",
     "TABLE_SIZES",
+    "AllocError",
     "ClockBackwardsError",
     "ConfigError",
     "Decision",
     "DuplicateRequestError",
     "FullError",
+    "InvalidArgumentError",
     "InvalidExpectError",
+    "InvalidRequestIdError",
     "KvdrainError",
     "Ledger",
     "Outcome",

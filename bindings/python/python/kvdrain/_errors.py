@@ -12,6 +12,9 @@ __all__ = [
     "FullError",
     "DuplicateRequestError",
     "InvalidExpectError",
+    "InvalidArgumentError",
+    "InvalidRequestIdError",
+    "AllocError",
     "UnknownRequestError",
     "ClockBackwardsError",
     "TopologyError",
@@ -51,6 +54,27 @@ class InvalidExpectError(KvdrainError, ValueError):
     def __init__(self, message: str, request_id: str) -> None:
         super().__init__(message)
         self.request_id = request_id
+
+
+class InvalidArgumentError(KvdrainError, ValueError):
+    """An argument kvdrain cannot use: an int out of range for its parameter (a negative
+    or too large time, deadline or rank), or a name that is not valid UTF-8 (a ``str``
+    holding a lone surrogate)."""
+
+
+class InvalidRequestIdError(InvalidArgumentError):
+    """A request id that can never complete, refused before anything changed: empty, not
+    valid UTF-8 (a lone surrogate), or one whose completion ``REQ:TP`` would read as
+    another message (``HB``, ``HB:...``, ``PUSH_REG:...``, ``PUSH_FAIL:...``)."""
+
+    def __init__(self, message: str, request_id: str) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
+class AllocError(KvdrainError, MemoryError):
+    """The memory of a new ledger (its tables, or the stack of the thread that builds
+    it) could not be had. Nothing was built."""
 
 
 class UnknownRequestError(KvdrainError):

@@ -37,6 +37,12 @@ class Decision:
 
 @final
 class Ledger:
+    """The consumer (decode-side) ledger. ``feed`` belongs to the thread that drains NIXL,
+    every other method to the engine thread; the two may run at once. No Python code runs
+    while the ledger holds a lock: the ``blocks`` and ids it lets go are dropped after its
+    locks are released, so their finalizers may call back into it or take locks other
+    threads hold while calling it."""
+
     def __init__(
         self,
         capacity: int = 4096,
@@ -45,7 +51,10 @@ class Ledger:
         quarantine_ms: int = 60000,
         settle_ms: int = 5000,
         seed: int | None = None,
-    ) -> None: ...
+    ) -> None:
+        """Raises ConfigError for a setting out of range (capacity outside
+        1..=65536, a negative or too large time or seed) and AllocError (a MemoryError)
+        when the ledger's memory cannot be had."""
     @property
     def capacity(self) -> int: ...
     @property
@@ -70,7 +79,11 @@ class Ledger:
         expect: int | Iterable[str],
         *,
         deadline_ms: int | None = None,
-    ) -> None: ...
+    ) -> None:
+        """Raises FullError, DuplicateRequestError, InvalidExpectError (also for
+        ``expect=True`` and names that are not valid UTF-8), InvalidRequestIdError (an id
+        that can never complete, or not valid UTF-8) or InvalidArgumentError (deadline out
+        of range); a refused registration changes nothing and uses up no agent number."""
     def register_many(
         self,
         request_ids: Iterable[str],
@@ -78,11 +91,21 @@ class Ledger:
         expect: int | Iterable[str],
         *,
         deadline_ms: int | None = None,
-    ) -> None: ...
-    def feed(self, notifs: Mapping[str, Iterable[bytes]]) -> list[tuple[str, bytes]]: ...
+    ) -> None:
+        """Registers in order; on the first refusal (or an id that can never complete)
+        it raises as ``register`` does: the requests before it stay registered."""
+    def feed(self, notifs: Mapping[str, Iterable[bytes]]) -> list[tuple[str, bytes]]:
+        """Feeds one NIXL batch; returns the producer-bound messages. Message content never
+        raises; only ``bytes`` are messages (a ``bytes``, ``bytearray``, ``memoryview`` or
+        ``str`` value is one message). If reading the batch raises, what was read before
+        is fed and that exception propagates with ``kvdrain_producer_bound`` set. The batch
+        is read in chunks of 65 536 messages; a chunk of 512 or more is fed to the core
+        with the GIL released."""
     def poll(self) -> list[Decision]: ...
     def poll_split(self) -> tuple[list[str], list[Decision]]: ...
-    def advance(self, now_ms: int) -> list[Decision]: ...
+    def advance(self, now_ms: int) -> list[Decision]:
+        """Raises ClockBackwardsError for an earlier time, InvalidArgumentError for one
+        outside 0..2**64."""
     def abort(self, request_id: str) -> Decision | None: ...
     def fence(self, agent: str) -> list[Decision]: ...
     def gone(self, agent: str) -> list[Decision]: ...
@@ -101,7 +124,10 @@ class PushPlan:
         p_pp: int = 1,
         pp_stage: int = 0,
         mla: bool = False,
-    ) -> None: ...
+    ) -> None:
+        """Raises InvalidRequestIdError for an id that can never complete and
+        TopologyError for sizes or ranks out of range; a ``d_rank`` out of range given to
+        a method raises PlanError."""
     @property
     def targets(self) -> list[int]: ...
     @property
