@@ -9,6 +9,7 @@ FUZZ_SECONDS ?= 20
 include scripts/toolchains
 export NIGHTLY
 
+.PHONY: tools-check package package-crates package-python
 .PHONY: demo test setup setup-nixl setup-tools check fmt clippy clippy-cfg doc deny unit release-suites nostd msrv loom miri fuzz-smoke replay python python-test vllm test-vllm bench-vllm bench-python c-header c-header-check c-test install
 
 ## The main job: P(TP=2) -> D(TP=1) over real NIXL in one process.
@@ -16,7 +17,7 @@ demo: setup-nixl
 	$(CARGO) run --release -p kvdrain-cli --features nixl -- demo $(DEMO_ARGS)
 
 ## Every test and check CI runs.
-test: setup check unit release-suites nostd msrv loom miri fuzz-smoke python-test test-vllm c-test
+test: setup check unit release-suites nostd msrv loom miri fuzz-smoke python-test test-vllm c-test package
 	@echo "make test: all suites passed"
 
 setup: setup-nixl setup-tools
@@ -27,7 +28,7 @@ setup-nixl:
 setup-tools:
 	bash scripts/setup-tools.sh
 
-check: fmt clippy clippy-cfg doc deny
+check: fmt clippy clippy-cfg doc deny docs-check tools-check
 
 fmt:
 	$(CARGO) fmt --all --check
@@ -46,9 +47,20 @@ clippy-cfg:
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --all-features
 
-## Dependency policy (deny.toml): licenses, bans, sources; offline, no advisory database.
+## Dependency policy (deny.toml): licenses, bans, sources; no advisory database. cargo-deny
+## reads the whole lock file, every platform's crates included, from the local registry
+## cache: `cargo fetch` (all targets when none is named) fills it on a fresh machine, then
+## the check runs `--frozen` (offline, lock file unchanged).
 deny:
-	$(CARGO) deny --offline check licenses bans sources
+	$(CARGO) fetch --locked
+	$(CARGO) deny --frozen check licenses bans sources
+
+## Every catalogue id cited resolves in docs/protocol.md; no issue numbers, passes or
+## links to documents outside the repository (scripts/check-docs.py, and its self-test).
+.PHONY: docs-check
+docs-check:
+	python3 scripts/check-docs.py --self-test
+	python3 scripts/check-docs.py
 
 ## Unit, grid, trace, scenario, simulation, real-NIXL integration tests.
 ## Every feature but the core's `defmt` (a no_std logging backend, built by `nostd`): the
@@ -88,11 +100,11 @@ fuzz-smoke:
 
 ## The C ABI (bindings/c): regenerate the committed header after changing the crate.
 c-header: setup-tools
-	cd bindings/c && cbindgen -q --config cbindgen.toml --crate kvdrain-ffi --output include/kvdrain.h
+	bash scripts/c-header.sh
 
 ## Fails when bindings/c/include/kvdrain.h is not what cbindgen generates now.
 c-header-check: setup-tools
-	cd bindings/c && cbindgen -q --config cbindgen.toml --crate kvdrain-ffi --verify --output include/kvdrain.h
+	bash scripts/c-header.sh --verify
 
 ## Header check, the C catalogue under ASan+UBSan, the C++ example, the README example,
 ## and the catalogue against an installed copy through pkg-config.
@@ -136,3 +148,24 @@ bench-vllm: vllm
 ## Per-notification cost from Python next to vLLM's Python counting path, same bytes.
 bench-python: python
 	$(VENV)/bin/python bench/python/bench_python.py $(BENCH_PYTHON_ARGS)
+
+## ---- a fresh machine, and the release artefacts ---------------------------------------
+## (tools-check, package: one block, kept together)
+
+## Every tool the Makefile, .ci/run and scripts/ call is on the base image
+## (scripts/base-image.txt) or installed by a scripts/setup-*.sh; then proof that the check
+## fails when an install step is deleted (scripts/tools-check-test.sh, on a temporary copy).
+tools-check:
+	python3 scripts/tools-check.py
+	bash scripts/tools-check-test.sh
+
+## The release artefacts, built and installed the way a user gets them: the crates an
+## engine depends on (`cargo package`), the Python wheel and sdist (installed into a new
+## virtualenv outside the tree and imported there). `make install` is run by c-test.
+package: package-crates package-python
+
+package-crates:
+	bash scripts/package-crates.sh
+
+package-python: python
+	bash scripts/package-python.sh

@@ -5,8 +5,9 @@
 #      UndefinedBehaviorSanitizer (the Rust library is built normally, in release);
 #   3. the C++ RAII example (bindings/c/examples/raii.cpp), sanitized too;
 #   4. the README's "Use from C/C++" example, extracted and compiled as written;
-#   5. `make install` into a temporary PREFIX, then the catalogue again, built only with
-#      `pkg-config --cflags --libs kvdrain` against the installed shared library.
+#   5. `make install` (the Makefile's target itself) into a temporary PREFIX, then the
+#      catalogue again, built only with `pkg-config --cflags --libs kvdrain` against the
+#      installed shared library.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CC="${CC:-cc}"
@@ -14,9 +15,14 @@ CXX="${CXX:-g++}"
 log() { printf '[c-test] %s\n' "$*"; }
 
 log "header up to date (cbindgen --verify)"
-(cd bindings/c && cbindgen -q --config cbindgen.toml --crate kvdrain-ffi --verify \
-    --output include/kvdrain.h) || {
+bash scripts/c-header.sh --verify || {
     echo "bindings/c/include/kvdrain.h is stale: run 'make c-header' and commit it" >&2
+    exit 1
+}
+
+version="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)"
+grep -qx "#define KVDRAIN_VERSION \"$version\"" bindings/c/include/kvdrain.h || {
+    echo "bindings/c/include/kvdrain.h: KVDRAIN_VERSION is not the crate version $version" >&2
     exit 1
 }
 
@@ -51,7 +57,7 @@ test -s "$work/readme.c" || { echo "no \`\`\`c block under '## Use from C/C++' i
 "$work/readme"
 
 log "make install PREFIX=$work/prefix, then pkg-config --cflags --libs kvdrain"
-bash scripts/c-install.sh "$work/prefix" >/dev/null
+make -s install PREFIX="$work/prefix" >/dev/null
 export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig"
 read -r -a pc <<<"$(pkg-config --cflags --libs kvdrain)"
 libdir="$(pkg-config --variable=libdir kvdrain)"

@@ -104,7 +104,7 @@ pub const PATHS: [&[&str]; 12] = [
     &["experiment", "late-writes"],
 ];
 
-/// The usage text the README carries: `kvdrain --help`, then the usage line of every
+/// The usage text docs/commands.md carries: `kvdrain --help`, then the usage line of every
 /// command (`kvdrain COMMAND --help` for the rest).
 pub fn readme_usage() -> String {
     let mut text = help(&[]).unwrap_or_default();

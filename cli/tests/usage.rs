@@ -1,8 +1,8 @@
 //! The command line as a user meets it: `--help` everywhere, `--version`, clap's errors
-//! with status 2, and the README's usage block equal to what `--help` prints.
+//! with status 2, and the usage block of docs/commands.md equal to what `--help` prints.
 //!
 //! After changing a flag, `KVDRAIN_BLESS=1 cargo test -p kvdrain-cli --test usage`
-//! rewrites the README block.
+//! rewrites that block.
 
 use std::process::Command;
 
@@ -19,22 +19,24 @@ fn kvdrain(args: &[&str]) -> std::process::Output {
 }
 
 #[test]
-fn readme_usage_matches_help() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
-    let readme = std::fs::read_to_string(path).expect("README.md");
-    let begin = readme.find(BEGIN).expect("README has the usage block");
-    let body = begin + readme[begin..].find("-->\n").expect("marker ends") + 4;
-    let end = readme.find(END).expect("README has the end marker");
+fn commands_page_usage_matches_help() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/commands.md");
+    let page = std::fs::read_to_string(path).expect("docs/commands.md");
+    let begin = page
+        .find(BEGIN)
+        .expect("docs/commands.md has the usage block");
+    let body = begin + page[begin..].find("-->\n").expect("marker ends") + 4;
+    let end = page.find(END).expect("docs/commands.md has the end marker");
     let block = format!("```text\n{}```\n", command::readme_usage());
     if std::env::var_os("KVDRAIN_BLESS").is_some() {
-        let updated = format!("{}{block}{}", &readme[..body], &readme[end..]);
-        std::fs::write(path, updated).expect("write README.md");
+        let updated = format!("{}{block}{}", &page[..body], &page[end..]);
+        std::fs::write(path, updated).expect("write docs/commands.md");
         return;
     }
     assert_eq!(
-        readme[body..end],
+        page[body..end],
         block,
-        "README usage block is stale: run KVDRAIN_BLESS=1 cargo test -p kvdrain-cli --test usage"
+        "docs/commands.md usage block is stale: run KVDRAIN_BLESS=1 cargo test -p kvdrain-cli --test usage"
     );
 }
 

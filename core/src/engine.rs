@@ -422,7 +422,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// `Completed`: the queue is empty when a pull reaches the ring, so that is the
     /// decision it would pop next, and pushing it only to pop it costs a round trip. Any
     /// other decision goes to the queue. Always inlined: out of line it cost ~40
-    /// instructions per request (fourth pass), and `#[inline]` stops sufficing once a crate
+    /// instructions per request, and `#[inline]` stops sufficing once a crate
     /// has two callers of `poll_decision`.
     #[inline(always)]
     fn decide_ready(&mut self, slot: u32) -> Option<Decision> {

@@ -1,7 +1,8 @@
 //! The producer (P) side: which consumer ranks a producer rank writes, how many notices each
 //! consumer rank expects, and which `PUSH_FAIL` notices a producer owes.
 //!
-//! Topology rules (vLLM `push_worker`, protocol reference §5):
+//! Topology rules (vLLM `push_worker`; `docs/protocol.md#expected-count`, which also
+//! states the catalogue ids and invariants cited below):
 //!
 //! | shape | P rank `p` writes D ranks | each D rank expects |
 //! | --- | --- | --- |

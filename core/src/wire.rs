@@ -21,8 +21,7 @@ pub const PUSH_REG_PREFIX: &[u8] = b"PUSH_REG:";
 /// Prefix of a heartbeat.
 pub const HEARTBEAT_PREFIX: &[u8] = b"HB:";
 
-/// The body shared by completions and failure notices: `{request_id}:{tp_size}` (the
-/// type was called `Completion`, though it is a failure notice's body too).
+/// The body shared by completions and failure notices: `{request_id}:{tp_size}`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Body<'a> {
     /// The consumer's request id (may contain `:`; never empty).

@@ -1,4 +1,4 @@
-//! Loom models of the races between the ingest thread and the engine thread (issue 3).
+//! Loom models of the races between the ingest thread and the engine thread.
 //!
 //! ```text
 //! RUSTFLAGS="--cfg kvdrain_loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p kvdrain --test loom

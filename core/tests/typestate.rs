@@ -1,5 +1,5 @@
 //! Misuse of the typestate API must not compile (trybuild). Each case names the hazard of
-//! the push-protocol failure catalogue it guards against.
+//! the failure catalogue (`docs/protocol.md#catalogue`) it guards against.
 #![cfg(not(kvdrain_loom))]
 
 #[test]

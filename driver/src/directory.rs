@@ -1,8 +1,8 @@
 //! Producer agent names ↔ the core's [`AgentId`]s.
 //!
-//! NIXL identifies a notification's sender only by its agent name (nixl.md §2.7); the core
-//! counts named edges by [`AgentId`]. Names are interned when the consumer loads a producer's
-//! metadata, never from incoming traffic: a sender nobody introduced maps to
+//! NIXL identifies a notification's sender only by its agent name (`docs/nixl.md#sender`);
+//! the core counts named edges by [`AgentId`]. Names are interned when the consumer loads a
+//! producer's metadata, never from incoming traffic: a sender nobody introduced maps to
 //! [`AgentDirectory::STRANGER`], which matches no edge, so garbage senders create no state.
 
 use std::collections::HashMap;

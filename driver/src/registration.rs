@@ -1,5 +1,5 @@
 //! The `PUSH_REG:` registration D sends to every producer agent: vLLM's msgpack map, field
-//! for field (protocol reference §3.4).
+//! for field (`docs/protocol.md#wire-registration`).
 //!
 //! | field | msgpack type |
 //! | --- | --- |

@@ -23,7 +23,7 @@
 //! | [`pool`] | DRAM KV block pools (tests, demo) |
 //! | [`metrics`] | one `prometheus-client` registry type (vLLM-style names), the latency's HDR histogram |
 //! | [`testbed`] | P(TP=n) → D(TP=1) on real NIXL in one process (tests, demo) |
-//! | [`experiment`] | late writes after a failed WRITE, P and D as two processes (issue 9) |
+//! | [`experiment`] | late writes after a failed WRITE, P and D as two processes (`docs/nixl.md#late-writes`) |
 //!
 //! Events go to `tracing` (install any subscriber; `kvdrain demo --log` uses
 //! `tracing-subscriber`): a `debug` span per request on the consumer's registration and the

@@ -170,7 +170,8 @@ impl<H: Handshake> Transport for NixlProducerTransport<'_, H> {
                 Ok(Posted::InFlight(req))
             }
             Ok(false) => Ok(Posted::Done),
-            // A failed post sends nothing; the handle is released here (nixl.md §2.4).
+            // A failed post sends nothing; the handle is released here
+            // (`docs/nixl.md#no-notification-on-failure`).
             Err(_) => Err(PostError::Post),
         }
     }

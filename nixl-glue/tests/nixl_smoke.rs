@@ -33,7 +33,7 @@ fn unique_name(test: &str, role: &str) -> String {
 }
 
 /// (target, initiator). Default UCX transports first; if a backend cannot be created with them,
-/// retry once with loopback TCP (nixl.md §4.5).
+/// retry once with loopback TCP (`docs/nixl.md#transports`).
 fn agent_pair(test: &str) -> (UcxAgent, UcxAgent) {
     let create = || -> Result<(UcxAgent, UcxAgent), kvdrain_nixl::agent::AgentError> {
         let target = UcxAgent::new(&unique_name(test, "target"))?;
@@ -110,7 +110,8 @@ fn write_with_notification_lands_before_notification() {
         .agent()
         .create_xfer_req(XferOp::Write, &local, &remote_list, &remote, Some(&args))
         .expect("create_xfer_req");
-    // `None`: options on post would replace the creation-time notification (nixl.md §3.3).
+    // `None`: options on post would replace the creation-time notification
+    // (`docs/nixl.md#trap-optargs`).
     let in_progress = initiator
         .agent()
         .post_xfer_req(&req, None)
@@ -207,7 +208,7 @@ fn standalone_non_utf8_notifications_arrive_raw() {
         .expect("send req-2:0");
 
     let mut got = collect(2);
-    // Ordering is not guaranteed by contract (nixl.md §2.6): compare as sets.
+    // Ordering is not guaranteed by contract (`docs/nixl.md#ordering`): compare as sets.
     got.sort();
     let me = initiator.name().to_owned();
     let mut want = vec![

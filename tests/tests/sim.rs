@@ -96,7 +96,7 @@ fn repeats_in_counting_mode_are_caught() {
 }
 
 /// No settling (`settle_ms = 0`, vLLM's behaviour) while failed WRITEs keep landing after
-/// their error (issue 9): the consumer releases at the failure notice and the memory model
+/// their error (`docs/nixl.md#late-writes`): the consumer releases at the failure notice and the memory model
 /// sees bytes land in released or reused blocks.
 #[test]
 fn late_landing_without_settling_is_caught() {

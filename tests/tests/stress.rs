@@ -1,4 +1,4 @@
-//! Two real threads on one ledger (issue 3): an ingest thread feeds notices — completions,
+//! Two real threads on one ledger: an ingest thread feeds notices — completions,
 //! `PUSH_FAIL`s, duplicates, unexpected senders, unknown ids and garbage, in counting and
 //! named-edge mode — while the engine thread registers, aborts, fences, advances the clock
 //! and polls, all at once.

@@ -28,6 +28,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The version of the library this header belongs to, as kvdrain_version() returns it at
+// run time.
+#define KVDRAIN_VERSION "0.1.0"
+#define KVDRAIN_VERSION_MAJOR 0
+#define KVDRAIN_VERSION_MINOR 1
+#define KVDRAIN_VERSION_PATCH 0
+
 // The table size `N` of the one instantiation, `Ledger<65536, 8>`: the most requests a
 // ledger can be configured to track at once.
 #define KVDRAIN_MAX_CAPACITY 65536

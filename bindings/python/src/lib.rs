@@ -50,5 +50,8 @@ fn _kvdrain(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<producer::PyPushPlan>()?;
     m.add("TABLE_SIZES", ledger::TABLE_SIZES.to_vec())?;
     m.add("MAX_EDGES", tracker::EDGES)?;
+    // The crate's version, which maturin also writes into the wheel's metadata: one
+    // number for the crates, the wheel, the C header and the `kvdrain` command.
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,5 +1,6 @@
-"""The failure catalogue through the Python API: counting and named edges, duplicates,
-unknown ids, garbage bytes, deadlines, abort, fence, settling, full tables and misuse."""
+"""The failure catalogue (docs/protocol.md) through the Python API: counting and named
+edges, duplicates, unknown ids, garbage bytes, deadlines, abort, fence, settling, full tables
+and misuse."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@
 //! Three implementations run interleaved, rep by rep, on one thread:
 //! * `c-api`: `kvdrain-ffi`'s one instantiation, `Ledger<65536, 8>`, capacity R;
 //! * `rust-same-ledger`: the Rust API on `Ledger<65536, 8>`: the C ABI's own cost is the
-//!   ratio of these two (the target: within 10 %);
+//!   ratio of these two (the target: within 10 %);
 //! * `rust-fitted`: the Rust API on the ledger `bench ingest` picks for R (e.g.
 //!   `Ledger<4096, 8>`): what the fixed instantiation costs on top.
 //!

@@ -39,7 +39,7 @@
 //! The `split` line puts the three side by side at p50 and p99: `kvdrain_ns_*`
 //! (`one_thread`), `handoff_ns_*`, `two_threads_ns_*`, `rest_ns_*` = two threads − kvdrain
 //! − hand-off (the paths run one after the other, so noise can make it negative),
-//! `two_over_one_*`, and whether the two-thread p99 meets issue 10's goal of 10 µs.
+//! `two_over_one_*`, and whether the two-thread p99 meets the goal of 10 µs.
 
 use std::hint::{black_box, spin_loop};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -60,7 +60,7 @@ const QUANTILES: [(&str, f64); 4] = [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), 
 /// sound run).
 const STALL_NS: u64 = 10_000_000_000;
 
-/// The goal of issue 10 for the two-thread path's p99, in ns.
+/// The goal for the two-thread path's p99, in ns.
 pub const GOAL_P99_NS: u64 = 10_000;
 
 /// What one run measures.

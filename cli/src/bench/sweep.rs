@@ -3,7 +3,7 @@
 //! One JSON line per point (as `bench ingest` prints it) and one for the floor on the
 //! same stream, then one summary line per E: the medians' range over R, the ratio of the
 //! largest to the smallest, and the largest deviation from the median of the medians
-//! (the "flat within ±20 %"), for wall time, CPU time and the floor's CPU time.
+//! (the target: "flat within ±20 %"), for wall time, CPU time and the floor's CPU time.
 
 use super::args::SweepArgs;
 use super::ingest::{self, Inputs, Mode, Shape};

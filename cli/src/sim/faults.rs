@@ -1,5 +1,5 @@
-//! The fault classes the simulation injects (catalogue ids from the protocol reference,
-//! §9), how often, and how many times each was actually exercised.
+//! The fault classes the simulation injects (catalogue ids of
+//! `docs/protocol.md#catalogue`), how often, and how many times each was actually exercised.
 
 /// Injection rates in parts per million of the chances each fault gets.
 #[derive(Clone, Copy, Debug)]

@@ -1,6 +1,6 @@
 //! `kvdrain sim`: a deterministic simulation of prefill producers pushing KV into decode
 //! consumers through the real core, under every failure class of the protocol catalogue
-//! (push-protocol.md §9), with the spec's invariants checked at every step.
+//! (`docs/protocol.md#catalogue`), with the spec's invariants checked at every step.
 //!
 //! * **Deterministic**: one seeded generator ([`rng`]), a virtual clock and an agenda of
 //!   events ([`queue`]); no threads, no wall time, no hash-map iteration. A seed replays

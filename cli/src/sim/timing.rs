@@ -56,7 +56,8 @@ pub const FENCE_AFTER: (Millis, Millis) = (1, 20);
 /// From an unfenced death to the replacement agent being known.
 pub const REDISCOVER_AFTER: Millis = 20;
 /// An errored WRITE keeps landing for up to this long after its producer saw the error
-/// (the late-landing fault; measured over UCX TCP: up to 0.8 s for 256 MiB, issue 9).
+/// (the late-landing fault; measured over UCX TCP: up to 0.8 s for 256 MiB,
+/// `docs/nixl.md#late-writes`).
 pub const LATE_LANDING: Millis = 50;
 /// How long the consumer lets a failure notice settle before it releases the blocks
 /// (`Config::settle_ms`, rule 8; the real default is 5 s). Longer than [`WRITE_MAX`], so

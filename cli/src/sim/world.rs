@@ -1036,7 +1036,7 @@ impl World {
 
     /// A WRITE is terminal for its producer: all of it landed (`whole`), or part of it may
     /// have — and an errored one may keep landing for up to [`LATE_LANDING`] ms (the
-    /// late-landing fault: TCP socket buffers drained after the error, issue 9).
+    /// late-landing fault: TCP socket buffers drained after the error, `docs/nixl.md#late-writes`).
     fn end_write(&mut self, w: &Write, whole: bool) {
         let late = !whole && self.rng.chance(self.rates.late_landing);
         let pool = &mut self.consumers[w.d].pool;

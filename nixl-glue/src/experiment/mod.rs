@@ -1,5 +1,6 @@
-//! The late-writes experiment (issue 9, item 4): does a WRITE that P saw fail keep landing
-//! in D's memory, for how long, and does D's ledger release the blocks before it stops?
+//! The late-writes experiment (`docs/nixl.md#late-writes`): does a WRITE that P saw fail
+//! keep landing in D's memory, for how long, and does D's ledger release the blocks before
+//! it stops?
 //!
 //! P and D run as separate processes over real NIXL (UCX TCP on loopback, or shared
 //! memory). P writes 256 MiB whose every 4 KiB page carries a stamp ([`stamp`]); D tracks the

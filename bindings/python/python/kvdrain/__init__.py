@@ -26,7 +26,7 @@ from kvdrain._errors import (
     TopologyError,
     UnknownRequestError,
 )
-from kvdrain._kvdrain import MAX_EDGES, TABLE_SIZES, Decision, Ledger, PushPlan
+from kvdrain._kvdrain import MAX_EDGES, TABLE_SIZES, Decision, Ledger, PushPlan, __version__
 from kvdrain._producer import Outcome, failure_notices, plan_outcomes
 
 __all__ = [
@@ -47,4 +47,5 @@ __all__ = [
     "UnknownRequestError",
     "failure_notices",
     "plan_outcomes",
+    "__version__",
 ]

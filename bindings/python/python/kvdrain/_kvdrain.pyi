@@ -16,6 +16,7 @@ EdgeStateName = Literal[
     "unreachable",
 ]
 
+__version__: str
 TABLE_SIZES: list[int]
 MAX_EDGES: int
 
