@@ -115,6 +115,14 @@ def _groups(block_ids: Any) -> list[list[int]]:
     return [list(g) for g in block_ids]
 
 
+def _agent_name(agent: str | bytes | None) -> str | None:
+    """A remote agent's name as ``str``: NIXL's Python API returns the names it loads
+    (``add_remote_agent``) as ``bytes``, and keys notification batches by ``str``."""
+    if isinstance(agent, bytes):
+        return agent.decode("utf-8", "replace")
+    return agent
+
+
 def producer_ranks(d_rank: int, d_tp: int, p_tp: int) -> list[int]:
     """The producer TP ranks whose WRITEs land on consumer rank ``d_rank`` (one PP
     stage): ``k = p_tp / d_tp`` consecutive ranks when the producer has more, else the
@@ -301,7 +309,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             with self._handshake_lock:
                 agents = agents_of[engine] = dict(self._remote_agents.get(engine) or {})
         names = [
-            agents.get((stage, p))
+            _agent_name(agents.get((stage, p)))
             for stage in range(meta.pp_size)
             for p in producer_ranks(self.tp_rank, self.world_size, meta.tp_size)
         ]
@@ -393,9 +401,11 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
 
     def _cleanup_remote_engine(self, engine_id: str, *, log_eviction: bool = True) -> None:
         with self._handshake_lock:
-            agents = list(self._remote_agents.get(engine_id, {}).values())
+            agents = [_agent_name(a) for a in self._remote_agents.get(engine_id, {}).values()]
         super()._cleanup_remote_engine(engine_id, log_eviction=log_eviction)
         for agent in agents:
+            if agent is None:
+                continue
             for d in self.kvdrain_ledger.gone(agent):
                 self._kvdrain_apply(d)
 
@@ -456,7 +466,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             meta.remote.request_id,
             p_tp=self.world_size,
             d_tp=d_tp,
-            d_agents=[agents.get((0, r)) for r in range(d_tp)],
+            d_agents=[_agent_name(agents.get((0, r))) for r in range(d_tp)],
             tp_rank=self.tp_rank,
             mla=bool(self.use_mla),
         )
