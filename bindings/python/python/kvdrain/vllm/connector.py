@@ -254,6 +254,12 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
     # -- D side: engine thread --------------------------------------------------------- #
 
     def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
+        if metadata.reqs_to_recv:
+            # The ledger's clock moves only with advance(); an engine that sat idle (no
+            # steps) would register, and time the settling of the first failure
+            # notices, on the time of its last step. Bring it to now first.
+            for d in self.kvdrain_ledger.advance(self.kvdrain_now_ms()):
+                self._kvdrain_apply(d)
         refused: set[str] = set()
         if not (self.pcp_rank > 0 and not self.pcp_dcp_sharded):
             # Registered before vLLM queues the PUSH_REG, so no completion can arrive
