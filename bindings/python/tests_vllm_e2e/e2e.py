@@ -13,7 +13,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,12 +31,6 @@ TRANSPORTS: dict[str, dict[str, str]] = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class EngineError(RuntimeError):
     """An engine process answered a command with an error, or not at all."""
 
@@ -52,17 +45,16 @@ class EngineProc:
         *,
         transport: str = "tcp",
         extra: dict[str, Any] | None = None,
-        ready_s: float = 120.0,
+        ready_s: float = 400.0,
     ) -> None:
         self.role = role
         self.which = which
         self.engine_id = engine_id
-        self.port = free_port()
+        self.port = 0  # the side channel's, chosen by the engine (wait_ready)
         env = dict(os.environ)
         env.update(TRANSPORTS[transport])
         env.update(
             VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
-            VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.port),
             KVDRAIN_E2E_DIR=str(workdir),
             PYTHONPATH=os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]),
             VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "WARNING"),
@@ -89,6 +81,7 @@ class EngineProc:
             hello = self._next(self._ready_s)
             if not hello.get("ready"):
                 raise EngineError(f"{self.engine_id}: {hello}")
+            self.port = int(hello["port"])
             self._ready = True
         return self
 
@@ -135,8 +128,11 @@ class EngineProc:
     def close(self) -> None:
         if self.alive():
             try:
-                self.call("quit", timeout_s=10)
-            except EngineError:
+                if self._ready:
+                    self.call("quit", timeout_s=10)
+                else:
+                    self.proc.kill()
+            except (EngineError, OSError):
                 pass
             try:
                 self.proc.wait(timeout=10)

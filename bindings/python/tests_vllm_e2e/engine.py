@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import socket
 import sys
 import time
@@ -81,9 +82,24 @@ CONNECTORS = {
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback TCP port that is free now, below the kernel's ephemeral range: port 0
+    binds and outgoing connections (UCX's, ZMQ's, gloo's) are never handed one of those,
+    so it stays free until vLLM binds it a moment later (ZMQ cannot take a bound
+    socket, and a listener whose bind fails leaves vLLM waiting for ever)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    pick = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(1000):
+        port = pick.randrange(min(10000, low // 2), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port below the ephemeral range")
 
 
 def model_dir(root: Path) -> str:
@@ -148,6 +164,9 @@ class Engine:
         cfg.cache_config.num_gpu_blocks = NUM_BLOCKS
         cfg.cache_config.kv_cache_layout = "NHD"
         self.cfg = cfg
+        # vLLM reads the side channel's address when the scheduler side is built.
+        self.port = free_port()
+        os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.port)
         spec = FullAttentionSpec(
             block_size=BLOCK_SIZE,
             num_kv_heads=NUM_KV_HEADS,
@@ -456,7 +475,7 @@ def main() -> None:
     out = sys.stdout
     sys.stdout = sys.stderr  # vLLM's logs and prints go to stderr; stdout is the channel
     eng = Engine(role, which, engine_id, extra)
-    out.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
+    out.write(json.dumps({"ready": True, "pid": os.getpid(), "port": eng.port}) + "\n")
     out.flush()
     for line in sys.stdin:
         cmd = json.loads(line)

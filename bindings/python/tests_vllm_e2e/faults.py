@@ -5,11 +5,13 @@ WRITEs, the notifications and the handshake are NIXL's. For the requests a test 
 (by the decode request id every WRITE's notification carries) it can:
 
 * ``post_fail``: refuse the post (``make_prepped_xfer`` raises, nothing is sent);
-* ``backend_error``: post the real WRITE, then report a backend error from the status
-  call: the bytes keep landing, and the completion notice, which NIXL sends from a
-  status poll, never goes;
-* ``stall``: post the real WRITE and answer ``PROC`` without polling NIXL until the test
-  lifts the stall (the data lands; the notice waits in the handle);
+* ``backend_error``: post the real WRITE without its completion notice (the bytes land)
+  and report a backend error from the status call: what NIXL does when a transfer fails
+  after posting (its pending notice is dropped; part or all of the data may be in place);
+* ``stall``: post the real WRITE without its notice, answer ``PROC`` without polling NIXL
+  until the test lifts the stall, then poll NIXL and, once it says ``DONE``, send the
+  notice to the decode agent the test named (so a small WRITE that NIXL completes inside
+  the post still keeps its notice back, as a large one does);
 * ``hold``: keep the writer thread from posting until the test lifts the hold (nothing
   has landed yet).
 
@@ -42,6 +44,9 @@ class FaultyNixl:
         self._lifted = threading.Condition()
         self._stray: Any = None
         self._rid_of: dict[int, str] = {}
+        # Handles posted without their notice: handle id -> (decode agent, message).
+        self._withheld: dict[int, tuple[str, bytes]] = {}
+        self.agent_of: dict[str, str] = {}
         self.posted: dict[str, int] = {}
         self.polls: dict[str, int] = {}
 
@@ -54,7 +59,11 @@ class FaultyNixl:
         backend_error: list[str] | None = None,
         stall: list[str] | None = None,
         hold: list[str] | None = None,
+        agent: str | None = None,
     ) -> dict[str, Any]:
+        for rid in (backend_error or []) + (stall or []):
+            if agent is not None:
+                self.agent_of[rid] = agent
         if post_fail is not None:
             self.post_fail = set(post_fail)
         if backend_error is not None:
@@ -73,8 +82,13 @@ class FaultyNixl:
             self._lifted.wait_for(lambda: rid not in self.hold, timeout=120)
         if rid in self.post_fail:
             raise RuntimeError(f"injected: cannot post the WRITE of {rid}")
-        handle = self._real.make_prepped_xfer(op, *args, notif_msg=notif_msg, **kw)
+        withhold = rid in self.backend_error or rid in self.stall
+        handle = self._real.make_prepped_xfer(
+            op, *args, notif_msg=b"" if withhold else notif_msg, **kw
+        )
         self._rid_of[id(handle)] = rid
+        if withhold:
+            self._withheld[id(handle)] = (self.agent_of[rid], notif_msg)
         self.posted[rid] = self.posted.get(rid, 0) + 1
         return handle
 
@@ -86,6 +100,9 @@ class FaultyNixl:
         if rid in self.stall:
             return "PROC"
         state: str = self._real.check_xfer_state(handle)
+        if state == "DONE" and id(handle) in self._withheld:
+            agent, message = self._withheld.pop(id(handle))
+            self._real.send_notif(agent, notif_msg=message)
         return state
 
     def send_raw(self, agent: str, message_b64: str) -> None:

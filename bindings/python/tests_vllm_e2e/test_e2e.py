@@ -76,13 +76,53 @@ class Engines:
             "P-vllm": ("P", "control"),
             "D-vllm": ("D", "control"),
         }
-        self.procs = {
-            eid: EngineProc(role, which, eid, workdir, transport=TRANSPORT, extra=EXTRA)
-            for eid, (role, which) in kinds.items()
-        }
-        for p in self.procs.values():
-            p.wait_ready()
-        self.counter = 0
+        self.procs: dict[str, EngineProc] = {}
+        try:
+            for eid, (role, which) in kinds.items():
+                self.procs[eid] = EngineProc(
+                    role, which, eid, workdir, transport=TRANSPORT, extra=EXTRA
+                )
+            for p in self.procs.values():
+                p.wait_ready()
+            self.warm_up()
+        except BaseException:
+            self.close()
+            raise
+
+    def warm_up(self) -> None:
+        """One request per pairing, so every handshake (D to P for the PUSH_REG, P to D
+        for the WRITEs) is done before the scenarios time anything: a first handshake
+        on a loaded host can outlast the plugin's short test deadline. Outcomes are
+        reported, not asserted."""
+        pairs = [("P-plugin", "D-plugin"), ("P-vllm", "D-vllm"), ("P-vllm", "D-plugin"), ("P-plugin", "D-vllm")]
+        start = time.monotonic()
+        reqs = []
+        for p, d in pairs:
+            i = _index()
+            rid = f"warmup-{p}-{d}-{i}"
+            P, D = self.procs[p], self.procs[d]
+            D.call("recv", rid=rid, index=i, n_blocks=1, p_engine=P.engine_id, p_port=P.port)
+            P.call("send", rid=rid, index=i, n_blocks=1)
+            reqs.append((rid, P, D))
+
+        def done() -> bool:
+            for rid, P, D in reqs:
+                d, p = D.call("report"), P.call("report")
+                if d["states"].get(rid) not in ("completed", "failed") or rid in d["held"]:
+                    return False
+                if rid in p["held"]:
+                    return False
+            return True
+
+        ok, _ = run_until(list(self.procs.values()), done, 120)
+        _write(
+            {
+                "event": "warm_up",
+                "done": ok,
+                "seconds": round(time.monotonic() - start, 1),
+                "states": {rid: D.call("report")["states"].get(rid) for rid, _, D in reqs},
+            }
+        )
 
     def fleet(self, p: str, d: str, name: str) -> Fleet:
         return Fleet(self.procs[p], self.procs[d], name)
@@ -271,7 +311,7 @@ def test_backend_error_after_post(engines: Engines, fleet: str) -> None:
     i = _index()
     rid = f"backend_error-{fleet}-{i}"
     run.rids.append(rid)
-    run.P.call("fault", backend_error=[rid])
+    run.P.call("fault", backend_error=[rid], agent=run.D.call("agent_md")["name"])
     run.D.call("recv", rid=rid, index=i, n_blocks=N_BLOCKS, p_engine=run.P.engine_id, p_port=run.P.port)
     run.P.call("send", rid=rid, index=i, n_blocks=N_BLOCKS)
     if fleet == "plugin":
@@ -290,7 +330,7 @@ def test_backend_error_after_post(engines: Engines, fleet: str) -> None:
 def test_deadline(engines: Engines, fleet: str) -> None:
     """D registers a request that P never pushes. The plugin D expires it at its
     deadline, keeps the blocks fenced for the quarantine, then frees them. vLLM's D
-    holds the request and its blocks (#46283's shape)."""
+    holds the request and its blocks (vLLM #46283)."""
     run = Run(engines, "deadline", *FLEETS[fleet])
     rid = run.push(send=False)
     if fleet == "plugin":
@@ -317,7 +357,7 @@ def test_abort_while_writing(engines: Engines, fleet: str) -> None:
     i = _index()
     rid = f"abort-{fleet}-{i}"
     run.rids.append(rid)
-    run.P.call("fault", stall=[rid])
+    run.P.call("fault", stall=[rid], agent=run.D.call("agent_md")["name"])
     run.D.call("recv", rid=rid, index=i, n_blocks=N_BLOCKS, p_engine=run.P.engine_id, p_port=run.P.port)
     run.P.call("send", rid=rid, index=i, n_blocks=N_BLOCKS)
     assert run.until(lambda: run.P.call("fault")["posted"].get(rid, 0) > 0)
@@ -325,7 +365,7 @@ def test_abort_while_writing(engines: Engines, fleet: str) -> None:
     # While the write may land, the blocks stay with the request on both fleets.
     run.until(lambda: False, 1.0)
     assert run.held(rid) and run.told(rid) == []
-    run.P.call("fault", stall=[], backend_error=[rid])
+    run.P.call("fault", stall=[], backend_error=[rid], agent=run.D.call("agent_md")["name"])
     if fleet == "plugin":
         assert run.until(lambda: not run.held(rid))
         line = run.finish()
@@ -378,7 +418,9 @@ def test_duplicate_stray_and_garbage_notices(engines: Engines, fleet: str) -> No
         assert line["told"][rid] == ["finished_recving"] and line["told_once"]
         assert line["violations"] == [] and line["engine_errors"] == []
         c = run.D.call("report")["counters"]
-        assert c["malformed"] >= 2 and c["unexpected_sender"] + c["duplicate"] >= 2
+        assert c["malformed"] >= 2 and c["unexpected_sender"] >= 1
+        # The second completion, after the first was reported, changed nothing.
+        assert c["duplicate"] + c["late"] + c["unknown"] >= 1
     else:
         run.until(lambda: False, 2.0)  # let the held WRITE land in the freed blocks
         line = run.finish(state_after_stray=early)
@@ -436,7 +478,7 @@ def test_producer_killed_mid_write(engines: Engines, fleet: str) -> None:
     i = _index()
     rid = f"p_killed-{fleet}-{i}"
     run.rids.append(rid)
-    run.P.call("fault", stall=[rid])
+    run.P.call("fault", stall=[rid], agent=run.D.call("agent_md")["name"])
     run.D.call("recv", rid=rid, index=i, n_blocks=N_BLOCKS, p_engine=run.P.engine_id, p_port=run.P.port)
     run.P.call("send", rid=rid, index=i, n_blocks=N_BLOCKS)
     assert run.until(lambda: run.P.call("fault")["posted"].get(rid, 0) > 0)
