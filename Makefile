@@ -145,8 +145,13 @@ test-vllm: vllm
 ## connector classes (the plugin's, and vLLM's own as the negative control), vLLM's
 ## handshake on free loopback ports, UCX over TCP; every fault, one JSON line per run in
 ## target/vllm-e2e/report.jsonl (docs/vllm.md, "End to end over real NIXL").
+## Then completion, reuse and a post failure again over UCX's own on-host transports
+## (shared memory and CMA), in target/vllm-e2e/report-shm.jsonl.
 test-vllm-e2e: vllm
 	cd bindings/python/tests_vllm_e2e && ../../../.venv-vllm/bin/python -m pytest -q
+	cd bindings/python/tests_vllm_e2e && KVDRAIN_E2E_TRANSPORT=shm \
+		KVDRAIN_E2E_REPORT=../../../target/vllm-e2e/report-shm.jsonl \
+		../../../.venv-vllm/bin/python -m pytest -q -k "completion or reuse or post_failure"
 
 ## The plugin's cost per engine step and per notification next to vLLM 0.33's own path.
 bench-vllm: vllm

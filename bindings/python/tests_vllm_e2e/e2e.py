@@ -23,11 +23,11 @@ from typing import Any, TextIO
 
 HERE = Path(__file__).resolve().parent
 
-# UCX over TCP on loopback only, or UCX's defaults on this host (shared memory and CMA
-# for the data, TCP or shared memory for the active messages).
+# UCX over TCP on loopback only, or UCX's own choice on one host (RMA over CMA, active
+# messages over shared memory): no UCX_* transport setting at all.
 TRANSPORTS: dict[str, dict[str, str]] = {
     "tcp": {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"},
-    "shm": {"UCX_TLS": "tcp,cma,sm", "UCX_POSIX_ERROR_HANDLING": "on", "UCX_SYSV_ERROR_HANDLING": "on"},
+    "shm": {},
 }
 
 
@@ -51,7 +51,7 @@ class EngineProc:
         self.which = which
         self.engine_id = engine_id
         self.port = 0  # the side channel's, chosen by the engine (wait_ready)
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k not in ("UCX_TLS", "UCX_NET_DEVICES")}
         env.update(TRANSPORTS[transport])
         env.update(
             VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",

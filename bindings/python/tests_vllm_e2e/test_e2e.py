@@ -17,11 +17,10 @@ from __future__ import annotations
 import base64
 import json
 import os
-import tempfile
+import shutil
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,19 +49,6 @@ BOUND_S = (DEADLINE_MS + QUARANTINE_MS) / 1000 + 8
 # push_registration_timeout, is 480 s): past the plugin's bound.
 HANG_S = BOUND_S + 2
 N_BLOCKS = 3
-
-
-@dataclass
-class Fleet:
-    P: EngineProc
-    D: EngineProc
-    name: str
-    index: int = 0
-    reports: list[dict[str, Any]] = field(default_factory=list)
-
-    def next_index(self) -> int:
-        self.index += 1
-        return self.index
 
 
 class Engines:
@@ -124,9 +110,6 @@ class Engines:
             }
         )
 
-    def fleet(self, p: str, d: str, name: str) -> Fleet:
-        return Fleet(self.procs[p], self.procs[d], name)
-
     def close(self) -> None:
         for p in self.procs.values():
             p.close()
@@ -135,7 +118,10 @@ class Engines:
 @pytest.fixture(scope="module")
 def engines() -> Iterator[Engines]:
     start = time.monotonic()
-    workdir = Path(tempfile.mkdtemp(prefix="kvdrain-vllm-e2e-"))
+    # The engines' logs and the model config, kept until the next run for a look.
+    workdir = REPORT.parent / f"engines-{TRANSPORT}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     REPORT.write_text("")
     e = Engines(workdir)
