@@ -10,14 +10,14 @@ include scripts/toolchains
 export NIGHTLY
 
 .PHONY: tools-check package package-crates package-python
-.PHONY: demo test setup setup-nixl setup-tools check fmt clippy clippy-cfg doc deny unit release-suites nostd msrv loom miri fuzz-smoke replay python python-test vllm test-vllm bench-vllm bench-python c-header c-header-check c-test install
+.PHONY: demo test setup setup-nixl setup-tools check fmt clippy clippy-cfg doc deny unit release-suites nostd msrv loom miri fuzz-smoke replay python python-test vllm test-vllm test-vllm-e2e bench-vllm bench-python c-header c-header-check c-test install
 
 ## The main job: P(TP=2) -> D(TP=1) over real NIXL in one process.
 demo: setup-nixl
 	$(CARGO) run --release -p kvdrain-cli --features nixl -- demo $(DEMO_ARGS)
 
 ## Every test and check CI runs.
-test: setup check unit release-suites nostd msrv loom miri fuzz-smoke python-test test-vllm c-test package
+test: setup check unit release-suites nostd msrv loom miri fuzz-smoke python-test test-vllm test-vllm-e2e c-test package
 	@echo "make test: all suites passed"
 
 setup: setup-nixl setup-tools
@@ -139,6 +139,18 @@ vllm: python
 ## worker classes, every scenario through the plugin and through vLLM's own connector.
 test-vllm: vllm
 	cd bindings/python/tests_vllm && ../../../.venv-vllm/bin/python -m pytest -q
+
+## End to end over real NIXL: a P and a D engine, each in its own process with vLLM 0.33.0's
+## connector classes (the plugin's, and vLLM's own as the negative control), vLLM's
+## handshake on free loopback ports, UCX over TCP; every fault, one JSON line per run in
+## target/vllm-e2e/report.jsonl (docs/vllm.md, "End to end over real NIXL").
+## Then completion, reuse and a post failure again over UCX's own on-host transports
+## (shared memory and CMA), in target/vllm-e2e/report-shm.jsonl.
+test-vllm-e2e: vllm
+	cd bindings/python/tests_vllm_e2e && ../../../.venv-vllm/bin/python -m pytest -q
+	cd bindings/python/tests_vllm_e2e && KVDRAIN_E2E_TRANSPORT=shm \
+		KVDRAIN_E2E_REPORT=../../../target/vllm-e2e/report-shm.jsonl \
+		../../../.venv-vllm/bin/python -m pytest -q -k "completion or reuse or post_failure"
 
 ## The plugin's cost per engine step and per notification next to vLLM 0.33's own path.
 bench-vllm: vllm

@@ -115,6 +115,14 @@ def _groups(block_ids: Any) -> list[list[int]]:
     return [list(g) for g in block_ids]
 
 
+def _agent_name(agent: str | bytes | None) -> str | None:
+    """A remote agent's name as ``str``: NIXL's Python API returns the names it loads
+    (``add_remote_agent``) as ``bytes``, and keys notification batches by ``str``."""
+    if isinstance(agent, bytes):
+        return agent.decode("utf-8", "replace")
+    return agent
+
+
 def producer_ranks(d_rank: int, d_tp: int, p_tp: int) -> list[int]:
     """The producer TP ranks whose WRITEs land on consumer rank ``d_rank`` (one PP
     stage): ``k = p_tp / d_tp`` consecutive ranks when the producer has more, else the
@@ -248,6 +256,12 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
     # -- D side: engine thread --------------------------------------------------------- #
 
     def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
+        if metadata.reqs_to_recv:
+            # The ledger's clock moves only with advance(); an engine that sat idle (no
+            # steps) would register, and time the settling of the first failure
+            # notices, on the time of its last step. Bring it to now first.
+            for d in self.kvdrain_ledger.advance(self.kvdrain_now_ms()):
+                self._kvdrain_apply(d)
         refused: set[str] = set()
         if not (self.pcp_rank > 0 and not self.pcp_dcp_sharded):
             # Registered before vLLM queues the PUSH_REG, so no completion can arrive
@@ -303,7 +317,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             with self._handshake_lock:
                 agents = agents_of[engine] = dict(self._remote_agents.get(engine) or {})
         names = [
-            agents.get((stage, p))
+            _agent_name(agents.get((stage, p)))
             for stage in range(meta.pp_size)
             for p in producer_ranks(self.tp_rank, self.world_size, meta.tp_size)
         ]
@@ -397,12 +411,14 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
 
     def _cleanup_remote_engine(self, engine_id: str, *, log_eviction: bool = True) -> None:
         with self._handshake_lock:
-            agents = list(self._remote_agents.get(engine_id, {}).values())
+            agents = [_agent_name(a) for a in self._remote_agents.get(engine_id, {}).values()]
         super()._cleanup_remote_engine(engine_id, log_eviction=log_eviction)
         # The clock first, so the lost producer's settling counts from now.
         for d in self.kvdrain_ledger.advance(self.kvdrain_now_ms()):
             self._kvdrain_apply(d)
         for agent in agents:
+            if agent is None:
+                continue
             for d in self.kvdrain_ledger.gone(agent):
                 self._kvdrain_apply(d)
 
@@ -463,7 +479,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             meta.remote.request_id,
             p_tp=self.world_size,
             d_tp=d_tp,
-            d_agents=[agents.get((0, r)) for r in range(d_tp)],
+            d_agents=[_agent_name(agents.get((0, r))) for r in range(d_tp)],
             tp_rank=self.tp_rank,
             mla=bool(self.use_mla),
         )
