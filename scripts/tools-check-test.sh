@@ -13,7 +13,7 @@ fresh_copy() {
     rm -rf "$work/repo"
     mkdir -p "$work/repo/bindings/python"
     cp -a "$root/Makefile" "$root/.ci" "$root/scripts" "$work/repo/"
-    cp -a "$root/bindings/python/requirements-dev.txt" "$work/repo/bindings/python/"
+    cp -a "$root"/bindings/python/requirements-*.txt "$work/repo/bindings/python/"
 }
 
 # delete_line FILE FIXED-STRING: removes the lines holding it; fails if there are none, so a
