@@ -20,7 +20,7 @@ use crate::errors::{
 };
 use crate::feed::BatchReader;
 use crate::lock::lock;
-use crate::tracker::{self, BuildError, EDGES, Entry, Refusal, Taken, Tracker};
+use crate::tracker::{self, AgentEnd, BuildError, EDGES, Entry, Refusal, Taken, Tracker};
 
 fn invalid_argument(why: String) -> PyErr {
     InvalidArgumentError::new_err(why)
@@ -65,6 +65,22 @@ enum ExpectArg<'py> {
 }
 
 impl PyLedger {
+    /// `fence` and `gone`: a stranger (no registration named it) has no edges to end.
+    fn end_agent<'py>(
+        &self,
+        py: Python<'py>,
+        agent: &Bound<'py, PyString>,
+        how: AgentEnd,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let name = args::utf8(agent, "agent name", invalid_argument)?;
+        let agent = lock(py, &self.agents).lookup(name);
+        if agent == AgentId::STRANGER {
+            return Ok(PyList::empty(py));
+        }
+        let (_, taken) = self.tracker.end_agent(py, agent, how);
+        self.decisions(py, taken)
+    }
+
     fn decisions<'py>(&self, py: Python<'py>, taken: Vec<Taken>) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
         for t in taken {
@@ -542,13 +558,7 @@ impl PyLedger {
         py: Python<'py>,
         agent: &Bound<'py, PyString>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let name = args::utf8(agent, "agent name", invalid_argument)?;
-        let agent = lock(py, &self.agents).lookup(name);
-        if agent == AgentId::STRANGER {
-            return Ok(PyList::empty(py));
-        }
-        let (_, taken) = self.tracker.gone(py, agent);
-        self.decisions(py, taken)
+        self.end_agent(py, agent, AgentEnd::Gone)
     }
 
     /// The transport proves that `agent` can no longer write here (nothing of it in
@@ -560,13 +570,7 @@ impl PyLedger {
         py: Python<'py>,
         agent: &Bound<'py, PyString>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let name = args::utf8(agent, "agent name", invalid_argument)?;
-        let agent = lock(py, &self.agents).lookup(name);
-        if agent == AgentId::STRANGER {
-            return Ok(PyList::empty(py));
-        }
-        let (_, taken) = self.tracker.fence(py, agent);
-        self.decisions(py, taken)
+        self.end_agent(py, agent, AgentEnd::Fence)
     }
 
     /// Every counter of both halves, by name.

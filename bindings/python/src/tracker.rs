@@ -132,11 +132,9 @@ pub(crate) trait Tracker: Send + Sync {
     fn advance(&self, py: Python<'_>, now_ms: u64) -> Result<Vec<Taken>, ClockError>;
     /// Aborts a request by id.
     fn abort(&self, py: Python<'_>, id: &str) -> Result<Taken, AbortError>;
-    /// Resolves every outstanding named edge of `agent` as failed.
-    fn fence(&self, py: Python<'_>, agent: AgentId) -> (u32, Vec<Taken>);
-    /// Resolves every outstanding named edge of `agent` as failed by a failure notice
-    /// now (the core's `gone`: the blocks settle).
-    fn gone(&self, py: Python<'_>, agent: AgentId) -> (u32, Vec<Taken>);
+    /// Resolves every outstanding named edge of `agent` as failed, as the core's `fence`
+    /// or `gone` (`how`) does.
+    fn end_agent(&self, py: Python<'_>, agent: AgentId, how: AgentEnd) -> (u32, Vec<Taken>);
     /// Both halves' counters plus the entries that were not `bytes`.
     fn counters(&self, py: Python<'_>) -> (IngestCounters, u64, EngineCounters);
     /// Visits every Python object the engine side holds (`tp_traverse`). Skips them if
@@ -154,6 +152,14 @@ pub(crate) trait Tracker: Send + Sync {
 struct IngestSide<'l, const N: usize> {
     ingest: Ingest<'l, N, EDGES>,
     not_bytes: u64,
+}
+
+/// How an agent's outstanding named edges end: the core's `fence` (the transport proves
+/// nothing more of it lands) or `gone` (it was seen go away; its edges settle).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum AgentEnd {
+    Fence,
+    Gone,
 }
 
 /// What the engine lock guards.
@@ -454,26 +460,16 @@ impl<const N: usize> Tracker for Halves<N> {
         })
     }
 
-    fn fence(&self, py: Python<'_>, agent: AgentId) -> (u32, Vec<Taken>) {
+    fn end_agent(&self, py: Python<'_>, agent: AgentId, how: AgentEnd) -> (u32, Vec<Taken>) {
         let mut out = Vec::new();
         let resolved = self.with_sides(|sides| {
             let mut side = lock(py, &sides.engine);
             let EngineSide { engine, requests } = &mut *side;
             let at_ms = engine.now();
-            let resolved = engine.fence(agent);
-            take_queued(engine, |d| out.extend(taken(requests, py, at_ms, d)));
-            resolved
-        });
-        (resolved, out)
-    }
-
-    fn gone(&self, py: Python<'_>, agent: AgentId) -> (u32, Vec<Taken>) {
-        let mut out = Vec::new();
-        let resolved = self.with_sides(|sides| {
-            let mut side = lock(py, &sides.engine);
-            let EngineSide { engine, requests } = &mut *side;
-            let at_ms = engine.now();
-            let resolved = engine.gone(agent);
+            let resolved = match how {
+                AgentEnd::Fence => engine.fence(agent),
+                AgentEnd::Gone => engine.gone(agent),
+            };
             take_queued(engine, |d| out.extend(taken(requests, py, at_ms, d)));
             resolved
         });
