@@ -2,7 +2,7 @@
 # `make package-crates`: the crates an engine depends on, packaged as crates.io would take
 # them. `cargo package -p kvdrain -p kvdrain-driver` builds each .crate and verifies it by
 # compiling the unpacked package on its own; kvdrain-driver's dependency on the
-# not-yet-published kvdrain is resolved from the kvdrain .crate just made (cargo packages
+# not-yet-published kvdrain is resolved from the kvdrain .crate just made (cargo package puts
 # workspace members together through a temporary local registry). Then each .crate must
 # carry its README and LICENSE, and the manifest the metadata crates.io shows.
 set -euo pipefail

@@ -43,21 +43,21 @@ if ! rustup toolchain list | grep -q "^$MSRV-"; then
 fi
 
 # Cargo tools, each pinned: cargo install builds them from crates.io (minutes each on a
-# fresh machine), so the check below compares versions, not mere presence.
-cargo_tool() { # cargo_tool BINARY CRATE VERSION VERSION-COMMAND...
-    local bin=$1 crate=$2 version=$3
-    shift 3
-    if ! "$@" 2>/dev/null | grep -qF "$version"; then
-        log "cargo install $crate $version"
-        cargo install --locked --force "$crate" --version "$version"
-    fi
-    command -v "$bin" >/dev/null 2>&1 || { log "ERROR: $bin not on PATH after install"; exit 1; }
-}
-cargo_tool cargo-fuzz cargo-fuzz "$CARGO_FUZZ_VERSION" cargo fuzz --version
+# fresh machine), so the check compares versions, not mere presence. Each install is
+# written out in full, so that a reader (and any checker) sees which crate is installed.
+# pinned VERSION COMMAND...: COMMAND runs and prints VERSION.
+pinned() { local version=$1; shift; "$@" 2>/dev/null | grep -qF "$version"; }
+pinned "$CARGO_FUZZ_VERSION" cargo fuzz --version ||
+    cargo install --locked --force cargo-fuzz --version "$CARGO_FUZZ_VERSION"
 # `make deny` (licenses, bans, sources); deny.toml follows this version's format.
-cargo_tool cargo-deny cargo-deny "$CARGO_DENY_VERSION" cargo deny --version
+pinned "$CARGO_DENY_VERSION" cargo deny --version ||
+    cargo install --locked --force cargo-deny --version "$CARGO_DENY_VERSION"
 # `make c-header`, `make c-test`: the committed header is this version's output.
-cargo_tool cbindgen cbindgen "$CBINDGEN_VERSION" cbindgen --version
+pinned "$CBINDGEN_VERSION" cbindgen --version ||
+    cargo install --locked --force cbindgen --version "$CBINDGEN_VERSION"
+for bin in cargo-fuzz cargo-deny cbindgen; do
+    command -v "$bin" >/dev/null 2>&1 || { log "ERROR: $bin not on PATH after install"; exit 1; }
+done
 
 # The C ABI's tests: pkg-config, gcc and g++ (libasan/libubsan come with gcc).
 missing_apt=()

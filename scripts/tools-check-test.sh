@@ -47,12 +47,16 @@ python3 "$work/repo/scripts/tools-check.py" --root "$work/repo" >/dev/null
 log "ok: the unmodified copy passes"
 
 fresh_copy
-delete_line scripts/setup-tools.sh 'cargo_tool cbindgen'
+delete_line scripts/setup-tools.sh 'cargo install --locked --force cbindgen'
 expect_failure "the cbindgen install step deleted" 'command `cbindgen`'
 
 fresh_copy
-delete_line scripts/setup-tools.sh 'cargo_tool cargo-deny'
+delete_line scripts/setup-tools.sh 'cargo install --locked --force cargo-deny'
 expect_failure "the cargo-deny install step deleted" '`cargo deny` (binary cargo-deny)'
+
+fresh_copy
+delete_line scripts/setup-tools.sh 'cargo install --locked --force cargo-fuzz'
+expect_failure "the cargo-fuzz install step deleted" '`cargo fuzz` (binary cargo-fuzz)'
 
 fresh_copy
 delete_line scripts/setup-tools.sh 'rustup target add thumbv7em-none-eabihf'
