@@ -40,8 +40,9 @@ use std::sync::Arc;
 
 use kvdrain::producer::{Topology, TopologyError};
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, Config, Decision, Engine, Expect, Ignored, Ingest, Ledger,
-    Noticed, Outstanding, Pending, Quarantined, RegisterErrorKind, Registration, RequestKey,
+    AbortError, AgentId, BlockHandle, Config, Decision, Duration, Engine, Expect, Ignored, Ingest,
+    Instant, Ledger, Noticed, Outstanding, Pending, Quarantined, RegisterErrorKind, Registration,
+    RequestKey,
 };
 
 use crate::PerRequest;
@@ -566,10 +567,14 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
             st.last_heartbeat_ms
                 .saturating_add(self.heartbeat_interval_ms())
         });
-        [gone, heartbeat, self.ledger.next_timer()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            gone,
+            heartbeat,
+            self.ledger.next_timer().map(Instant::millis),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Whether the core's table is full: a registration now would be refused
@@ -681,7 +686,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
                 id: request.id,
                 blocks: request.blocks,
                 expect,
-                deadline_ms: request.deadline_ms,
+                deadline: request.deadline_ms.map(Duration::from_millis),
             })
             .map_err(|e| ConsumerError::Rejected {
                 id: request.id.to_owned(),
@@ -859,7 +864,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         self.state.now = self.state.now.max(now_ms);
         let now = self.state.now;
         // The driver's clock only moves forward: `advance` cannot refuse it.
-        let _ = self.engine.advance(now);
+        let _ = self.engine.advance(Instant::from_millis(now));
         self.take_queued();
     }
 

@@ -17,7 +17,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use kvdrain::{BlockHandle, Config};
+use kvdrain::{BlockHandle, Config, Duration};
 use kvdrain_driver::consumer::{
     ConsumerConfig, ConsumerDriver, ConsumerEvent, ProducerEngine, PushRequest,
 };
@@ -78,7 +78,7 @@ fn cluster() -> Cluster {
     let dt = fabric.endpoint("d0");
     fabric.publish_consumer(D_ENGINE, 0, "d0");
     let mut ledger = Config::with_capacity(64);
-    ledger.settle_ms = 0;
+    ledger.settle = Duration::from_millis(0);
     let mut d = ConsumerDriver::new(ConsumerConfig {
         engine_id: D_ENGINE.into(),
         host: "127.0.0.1".into(),

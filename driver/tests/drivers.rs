@@ -1,6 +1,6 @@
 //! Both drivers end to end over the in-process transport: one test per protocol rule.
 
-use kvdrain::{BlockHandle, Config, Outstanding};
+use kvdrain::{BlockHandle, Config, Duration, Outstanding};
 use kvdrain_driver::consumer::{
     ConsumerConfig, ConsumerDriver, ConsumerEvent, EdgeMode, ProducerEngine, PushRequest,
     Registered,
@@ -33,9 +33,9 @@ fn cluster_settling(p_tp: u16, lease_ms: u64, extra_agents: &[&str], settle_ms: 
     let dt = fabric.endpoint("d0");
     fabric.publish_consumer(D_ENGINE, 0, "d0");
     let mut ledger = Config::with_capacity(64);
-    ledger.deadline_ms = 1_000;
-    ledger.quarantine_ms = 2_000;
-    ledger.settle_ms = settle_ms;
+    ledger.deadline = Duration::from_millis(1_000);
+    ledger.quarantine = Duration::from_millis(2_000);
+    ledger.settle = Duration::from_millis(settle_ms);
     let mut d = ConsumerDriver::new(ConsumerConfig {
         engine_id: D_ENGINE.into(),
         host: "127.0.0.1".into(),

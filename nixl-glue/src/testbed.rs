@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use kvdrain::{BlockHandle, Config, Outstanding};
+use kvdrain::{BlockHandle, Config, Duration, Outstanding};
 use nixl_sys::AgentConfig;
 
 use crate::agent::{AgentError, UcxAgent};
@@ -97,11 +97,11 @@ impl ConsumerSide {
             tp_size: 1,
             lease_ms: cfg.lease_ms,
             ledger: Config {
-                deadline_ms: cfg.deadline_ms,
-                quarantine_ms: cfg.quarantine_ms,
+                deadline: Duration::from_millis(cfg.deadline_ms),
+                quarantine: Duration::from_millis(cfg.quarantine_ms),
                 // The tests expect `failed` and the release together (vLLM's behaviour);
                 // settling a failure notice (rule 8) is the core's and tested there.
-                settle_ms: 0,
+                settle: Duration::ZERO,
                 ..Config::with_capacity(CAPACITY)
             },
         };

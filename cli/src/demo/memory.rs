@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use kvdrain::{BlockHandle, Config, Noticed};
+use kvdrain::{BlockHandle, Config, Duration, Noticed};
 use kvdrain_driver::Transport;
 use kvdrain_driver::consumer::{
     ConsumerConfig, ConsumerDriver, ConsumerEvent, ProducerEngine, PushRequest,
@@ -51,7 +51,7 @@ pub fn run(o: &Options) -> Summary {
         // its failure notice; settling would only hold slots of the window (`bench ingest`
         // and the NIXL testbed do the same).
         ledger: Config {
-            settle_ms: 0,
+            settle: Duration::ZERO,
             ..Config::with_capacity(1024)
         },
     }));

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use kvdrain::{BlockHandle, Millis};
+use kvdrain::BlockHandle;
 use kvdrain_driver::consumer::{ConsumerConfig, ConsumerDriver, ConsumerEvent};
 use kvdrain_driver::transport::Notification;
 
@@ -47,8 +47,8 @@ pub struct DecodeRank {
     /// Producer agents its transport saw gone, not reported yet.
     pub gone: VecDeque<String>,
     /// `(deadline, request)` of registrations without an outcome yet.
-    undecided: BTreeSet<(Millis, u64)>,
-    deadlines: BTreeMap<u64, Millis>,
+    undecided: BTreeSet<(u64, u64)>,
+    deadlines: BTreeMap<u64, u64>,
 }
 
 impl DecodeRank {
@@ -65,7 +65,7 @@ impl DecodeRank {
     }
 
     /// `req` was registered: it must have an outcome by `deadline` (spec rule 2).
-    pub fn expect_outcome(&mut self, req: u64, deadline: Millis) {
+    pub fn expect_outcome(&mut self, req: u64, deadline: u64) {
         self.undecided.insert((deadline, req));
         self.deadlines.insert(req, deadline);
     }
@@ -79,7 +79,7 @@ impl DecodeRank {
 
     /// The earliest registration whose deadline is at or before `now` and that has no
     /// outcome yet (spec rule 2 says there is none after a poll at `now`).
-    pub fn overdue(&self, now: Millis) -> Option<u64> {
+    pub fn overdue(&self, now: u64) -> Option<u64> {
         self.undecided
             .first()
             .filter(|&&(deadline, _)| deadline <= now)

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use kvdrain::{AgentId, BlockHandle, Config, IgnoreReason, Millis, Noticed, Outstanding};
+use kvdrain::{AgentId, BlockHandle, Config, Duration, IgnoreReason, Noticed, Outstanding};
 use kvdrain::{RegisterErrorKind, producer::Topology};
 use kvdrain_driver::consumer::{
     ConsumerConfig, ConsumerDriver, ConsumerError, EdgeMode, ProducerEngine, PushRequest,
@@ -107,7 +107,7 @@ pub struct World {
     config: SimConfig,
     rates: Rates,
     rng: Rng,
-    now: Millis,
+    now: u64,
     agenda: Agenda<Event>,
     cluster: Cluster,
     consumers: Vec<DecodeRank>,
@@ -126,7 +126,7 @@ pub struct World {
     /// Per producer rank: a tick is queued at the current virtual time.
     tick_queued: Vec<bool>,
     /// Per producer rank: when the lease check queued last falls.
-    lease_check_at: Vec<Millis>,
+    lease_check_at: Vec<u64>,
     writes: BTreeMap<u64, Write>,
     next_write: u64,
     arrived: u64,
@@ -212,9 +212,9 @@ impl World {
         let cluster = Cluster::new(config.shape, &mut rng)?;
         let tracker = Config {
             capacity: CAPACITY,
-            deadline_ms: DEADLINE,
-            quarantine_ms: QUARANTINE,
-            settle_ms: config.settle_ms,
+            deadline: Duration::from_millis(DEADLINE),
+            quarantine: Duration::from_millis(QUARANTINE),
+            settle: Duration::from_millis(config.settle_ms),
             seed: rng.next_u64(),
         };
         let mut consumers: Vec<DecodeRank> = (0..cluster.d_tp)
@@ -308,7 +308,7 @@ impl World {
     }
 
     /// The earliest time a decode rank's driver has work due, after now.
-    fn next_wakeup(&self) -> Option<Millis> {
+    fn next_wakeup(&self) -> Option<u64> {
         self.consumers
             .iter()
             .filter_map(|c| c.driver.next_wakeup_ms())
@@ -327,7 +327,7 @@ impl World {
     }
 
     /// Moves the clock: every decode rank polls its driver (scheduler step).
-    fn advance(&mut self, to: Millis) {
+    fn advance(&mut self, to: u64) {
         self.now = to;
         for d in 0..self.consumers.len() {
             self.poll_decode(d);
@@ -1105,7 +1105,7 @@ impl World {
         self.deliver_at(at, d, agent, bytes);
     }
 
-    fn deliver_at(&mut self, at: Millis, d: usize, agent: AgentId, bytes: Vec<u8>) {
+    fn deliver_at(&mut self, at: u64, d: usize, agent: AgentId, bytes: Vec<u8>) {
         let should = Should::Genuine;
         self.agenda.push(
             at,

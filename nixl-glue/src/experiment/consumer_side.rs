@@ -39,9 +39,9 @@ const HANDSHAKE_LIMIT: Duration = Duration::from_secs(60);
 /// The ledger's configuration for a run.
 pub fn ledger_config(spec: &RunSpec) -> Config {
     Config {
-        deadline_ms: spec.deadline_ms,
-        quarantine_ms: spec.quarantine_ms,
-        settle_ms: spec.settle_ms,
+        deadline: kvdrain::Duration::from_millis(spec.deadline_ms),
+        quarantine: kvdrain::Duration::from_millis(spec.quarantine_ms),
+        settle: kvdrain::Duration::from_millis(spec.settle_ms),
         ..Config::with_capacity(4)
     }
 }
