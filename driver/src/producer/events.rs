@@ -16,7 +16,7 @@ pub enum ProducerEvent {
     },
 }
 
-/// What one [`ProducerDriver::tick`] did.
+/// What one [`ProducerDriver::tick`](super::ProducerDriver::tick) did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TickReport {
     /// Notifications drained.

@@ -16,8 +16,9 @@
 //! * every edge is planned before anything is posted (C2); a retired plan posts nothing (F4);
 //! * a handle is kept until `Success` or a backend error (F7): a `PUSH_FAIL` for a posted
 //!   edge goes out only after a backend error for that WRITE or for another WRITE to the same
-//!   consumer rank; an unreadable status ([`WriteStatus::Unknown`]) is counted, sends nothing
-//!   and keeps the source blocks fenced — the consumer's deadline decides;
+//!   consumer rank; an unreadable status
+//!   ([`WriteStatus::Unknown`](crate::transport::WriteStatus::Unknown)) is counted, sends
+//!   nothing and keeps the source blocks fenced — the consumer's deadline decides;
 //! * edges never posted (post or descriptor failure, failed handshake, retirement) are owed a
 //!   `PUSH_FAIL` at once;
 //! * a consumer rank's metadata is dropped ([`Transport::forget_peer`]) only when no WRITE to
