@@ -78,7 +78,7 @@
 pub mod consumer;
 pub mod directory;
 pub mod memory;
-pub mod pairing;
+pub use producer::pairing;
 pub mod producer;
 pub mod registration;
 pub mod transport;
