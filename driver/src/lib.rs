@@ -26,7 +26,8 @@
 //!    (starts its lease);
 //! 2. call [`tick`](producer::ProducerDriver::tick) on every scheduler step: it drains
 //!    `PUSH_REG` and `HB:`, pairs, posts, polls every WRITE, sends owed `PUSH_FAIL`s,
-//!    retires requests whose lease ran out;
+//!    retires requests whose lease ran out (a failed drain is returned after the rest of
+//!    the round ran, as the consumer driver does);
 //! 3. take [`poll_event`](producer::ProducerDriver::poll_event) until `None`: free the
 //!    source blocks of each `SourceReleased`;
 //! 4. [`retire`](producer::ProducerDriver::retire) a request the engine aborts.

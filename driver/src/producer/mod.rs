@@ -189,7 +189,9 @@ impl<W> ProducerDriver<W> {
     /// polls, owed notices, releases.
     ///
     /// # Errors
-    /// [`DrainError`] if draining notifications failed (nothing else was done).
+    /// [`DrainError`] if draining notifications failed (the rest of the round still ran:
+    /// whatever was drained before the failure, lost peers, leases, posts, status polls,
+    /// owed notices, releases and stale peers).
     pub fn tick<T: Transport<Write = W>>(
         &mut self,
         transport: &mut T,
@@ -206,7 +208,9 @@ impl<W> ProducerDriver<W> {
         }
         inbox.clear();
         self.inbox = inbox;
-        drained?;
+        // A failed drain holds nothing else up: WRITEs already posted still end and
+        // notices already owed still go (the consumer driver does the same).
+
         // Whatever `offer` or `retire` left is done by this tick.
         self.work_queued = false;
         while let Some(gone) = transport.peer_gone() {
@@ -266,7 +270,7 @@ impl<W> ProducerDriver<W> {
         }
         self.pushes = pushes;
         self.refresh_stale(transport);
-        Ok(report)
+        drained.map(|()| report)
     }
 
     fn release_source(&mut self, request_id: &str) {
