@@ -69,9 +69,9 @@
 //! | module | concept |
 //! | --- | --- |
 //! | [`transport`] | the one trait a driver needs from the wire |
-//! | [`producer`] | P: pairing, leases, retired ids, plans, owed notices, source release |
+//! | [`producer`] | P: offers, pairing, posts, status polls, stale peers, notices, retired ids |
 //! | [`consumer`] | D: directory, registration, heartbeats, lost producers, decisions |
-//! | [`pairing`] | exact / `transfer_id` / base-id pairing tables |
+//! | [`pairing`] | the producer's exact / `transfer_id` / base-id pairing tables |
 //! | [`registration`] | the `PUSH_REG:` msgpack map, decoded as vLLM's msgspec does |
 //! | [`directory`] | producer agent names ↔ the core's `AgentId`s |
 //! | [`memory`] | the in-process transport |
