@@ -28,9 +28,33 @@
 //!   nothing new is posted, but the source blocks come back only when every WRITE is
 //!   terminal (F3).
 //!
-//! Drive it by calling [`ProducerDriver::tick`] with the transport and the monotonic time,
-//! then [`ProducerDriver::poll_event`] until `None`; [`ProducerDriver::next_wakeup_ms`] says
-//! when the next tick has work if no input comes first.
+//! ## Drive contract
+//!
+//! 1. [`offer`](ProducerDriver::offer) each finished request's source blocks (its lease
+//!    starts); [`retire`](ProducerDriver::retire) one the engine aborts;
+//! 2. call [`tick`](ProducerDriver::tick) with the transport and the monotonic time on every
+//!    scheduler step. One round, in this order: drain notifications, take lost peers, expire
+//!    offers, then per push (in P-id order) expire its lease, post it once, poll its WRITEs;
+//!    bound unknown WRITEs to a rank that errored, send owed notices, release sources, forget
+//!    finished pushes and refresh stale peers. A failed drain stops none of it: the error is
+//!    returned after the round;
+//! 3. take [`poll_event`](ProducerDriver::poll_event) until `None`;
+//!    [`next_wakeup_ms`](ProducerDriver::next_wakeup_ms) says when the next tick has work if
+//!    no input comes first.
+//!
+//! | file | concept |
+//! | --- | --- |
+//! | `mod.rs` | the driver's state, the per-request `Push` record and the round |
+//! | `config.rs` | [`ProducerConfig`] |
+//! | `events.rs` | what leaves it: [`ProducerEvent`], [`TickReport`], [`ProducerCounters`] |
+//! | `offers.rs` | [`Offer`]s and their leases |
+//! | [`pairing`] | the exact / `transfer_id` / base-id pairing tables |
+//! | `inbox.rs` | a drained `PUSH_REG` (paired, stashed or answered) or `HB:` |
+//! | `post.rs` | the post loop: one WRITE per edge the plan allows |
+//! | `status.rs` | status polling: `Success`, backend error, unknown |
+//! | `stale.rs` | WRITEs unfinished per consumer rank and stale peers' metadata |
+//! | `notices.rs` | [`notice_bytes`] and sending the owed `PUSH_FAIL`s |
+//! | `retired.rs` | retiring a request and the retired ids (F4) |
 
 mod config;
 mod events;
@@ -189,7 +213,9 @@ impl<W> ProducerDriver<W> {
     /// polls, owed notices, releases.
     ///
     /// # Errors
-    /// [`DrainError`] if draining notifications failed (nothing else was done).
+    /// [`DrainError`] if draining notifications failed (the rest of the round still ran:
+    /// whatever was drained before the failure, lost peers, leases, posts, status polls,
+    /// owed notices, releases and stale peers).
     pub fn tick<T: Transport<Write = W>>(
         &mut self,
         transport: &mut T,
@@ -206,7 +232,9 @@ impl<W> ProducerDriver<W> {
         }
         inbox.clear();
         self.inbox = inbox;
-        drained?;
+        // A failed drain holds nothing else up: WRITEs already posted still end and
+        // notices already owed still go (the consumer driver does the same).
+
         // Whatever `offer` or `retire` left is done by this tick.
         self.work_queued = false;
         while let Some(gone) = transport.peer_gone() {
@@ -266,7 +294,7 @@ impl<W> ProducerDriver<W> {
         }
         self.pushes = pushes;
         self.refresh_stale(transport);
-        Ok(report)
+        drained.map(|()| report)
     }
 
     fn release_source(&mut self, request_id: &str) {
