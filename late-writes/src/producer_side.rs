@@ -19,8 +19,8 @@ use super::lines::{Fields, announce, expect_line};
 use super::policy::WriteEnd;
 use super::spec::{Fault, REQUEST_ID, RunSpec, SPANS, WRITE_PAGES};
 use super::stamp::{PAGE, Stamp, StampedPages};
-use crate::agent::UcxAgent;
-use crate::testbed::{from_hex, to_hex};
+use kvdrain_nixl::agent::UcxAgent;
+use kvdrain_nixl::testbed::{from_hex, to_hex};
 
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(60);
 
@@ -35,7 +35,7 @@ pub fn run(
     publish: &dyn Fn(&Fields),
 ) -> Result<(), String> {
     let epoch = Instant::now();
-    let err = |e: crate::agent::AgentError| e.to_string();
+    let err = |e: kvdrain_nixl::agent::AgentError| e.to_string();
     let mut agent =
         UcxAgent::with_config(&format!("{}-p", spec.prefix), &AgentConfig::default(), &[])
             .map_err(err)?;

@@ -15,7 +15,7 @@ use kvdrain::producer::{PushPlan, Topology};
 use kvdrain_driver::transport::WriteStatus;
 use nixl_sys::NixlError;
 
-use crate::transport::write_status;
+use kvdrain_nixl::transport::write_status;
 
 /// How a posted WRITE ended, as far as its producer can tell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -24,11 +24,11 @@ use super::spec::{REQUEST_ID, RunSpec, SLACK_PAGES, WRITE_PAGES};
 use super::stamp::StampedPages;
 use super::watch::Watch;
 
-use crate::agent::UcxAgent;
-use crate::consumer::{
+use kvdrain_nixl::agent::UcxAgent;
+use kvdrain_nixl::consumer::{
     BlockRelease, Consumer, ConsumerConfig, ProducerEngine, PushRequest, PushedRequest,
 };
-use crate::testbed::{from_hex, to_hex};
+use kvdrain_nixl::testbed::{from_hex, to_hex};
 
 /// P's engine id as D's driver knows it.
 const P_ENGINE: &str = "late-writes-p";
