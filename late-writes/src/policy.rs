@@ -13,9 +13,8 @@
 
 use kvdrain::producer::{PushPlan, Topology};
 use kvdrain_driver::transport::WriteStatus;
-use nixl_sys::NixlError;
-
 use kvdrain_nixl::transport::write_status;
+use nixl_sys::NixlError;
 
 /// How a posted WRITE ended, as far as its producer can tell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
