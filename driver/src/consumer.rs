@@ -18,13 +18,13 @@
 //!   ([`EdgeMode::Count`]). The request is tracked in the core **before** `PUSH_REG` goes
 //!   out, so no completion can beat its state.
 //! * **Heartbeats** carry P's request ids (`remote_request_id`), grouped per producer
-//!   engine, every `lease_ms / 6`, from registration until the decision (F9).
+//!   engine, every `lease / 6`, from registration until the decision (F9).
 //! * **Lost producers** (rule 9 of the replay contract): an agent the transport reports
 //!   gone, or whose send failed with [`SendError::PeerGone`], is reported to the core with
 //!   [`gone`](kvdrain::Engine::gone) at the next poll, with that poll's clock (a failed
 //!   send is known only when it returns, after its round's clock), and with no other
 //!   wait: its outstanding edges fail then, as if it had sent a failure notice for each,
-//!   and their blocks settle for `settle_ms`, because the bytes it had already handed to
+//!   and their blocks settle for `Config::settle`, because the bytes it had already handed to
 //!   its transport keep landing (measured over UCX TCP: up to 173 ms after a reset). A
 //!   gone says nothing about requests registered later: their `PUSH_REG` does not reach
 //!   the agent (reported unreached, F6) and their edge waits for the deadline.
@@ -32,7 +32,7 @@
 //!   is only for a transport that can prove nothing more of the producer's can land.
 //!
 //! Drive it with [`ConsumerDriver::poll`] (transport and monotonic time in), then take
-//! [`ConsumerDriver::poll_event`] until `None`; [`ConsumerDriver::next_wakeup_ms`] says
+//! [`ConsumerDriver::poll_event`] until `None`; [`ConsumerDriver::next_wakeup`] says
 //! when the next poll has work if no notification comes first.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -63,10 +63,17 @@ pub struct ConsumerConfig {
     pub tp_rank: u16,
     /// D's TP size.
     pub tp_size: u16,
-    /// The producers' lease in ms: heartbeats go out every `lease_ms / 6` (vLLM).
-    pub lease_ms: u64,
+    /// The producers' lease: heartbeats go out every `lease / 6` (vLLM).
+    pub lease: Duration,
     /// The core's settings (capacity, default deadline, quarantine).
     pub ledger: Config,
+}
+
+impl ConsumerConfig {
+    /// How often heartbeats go out: `lease / 6` (vLLM), at least 1 ms.
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis((self.lease.millis() / 6).max(1))
+    }
 }
 
 /// A producer engine as D knows it.
@@ -101,8 +108,8 @@ pub struct PushedRequest {
     pub remote_request_id: String,
     /// The producer agents this rank waits for, in edge order.
     pub producers: PerRequest<String>,
-    /// When it was registered (the driver's clock, ms).
-    pub registered_at_ms: u64,
+    /// When it was registered (the driver's clock).
+    pub registered_at: Instant,
 }
 
 impl PushedRequest {
@@ -171,8 +178,9 @@ pub struct PushRequest<'a> {
     pub blocks: BlockHandle,
     /// D's logical block ids per KV-cache group (uncached suffix), as sent in `PUSH_REG`.
     pub block_ids: Vec<Vec<u64>>,
-    /// Deadline in ms from now; `None` uses the ledger's default.
-    pub deadline_ms: Option<u64>,
+    /// How long from its registration it may wait; `None` uses the ledger's default
+    /// ([`Config::deadline`](kvdrain::Config::deadline)).
+    pub deadline: Option<Duration>,
 }
 
 /// How a registration's edges are counted.
@@ -294,8 +302,8 @@ struct EngineState {
     /// later than the clock of the round that made it, and the core settles a gone from
     /// its clock, so the report takes the next round's clock, which comes after it.
     send_failed: Vec<String>,
-    last_heartbeat_ms: u64,
-    now: u64,
+    last_heartbeat: Instant,
+    now: Instant,
     counters: ConsumerCounters,
     events: VecDeque<ConsumerEvent>,
 }
@@ -371,8 +379,8 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
                 by_id: HashMap::with_capacity(N),
                 disconnected: HashSet::new(),
                 send_failed: Vec::new(),
-                last_heartbeat_ms: 0,
-                now: 0,
+                last_heartbeat: Instant::ZERO,
+                now: Instant::ZERO,
                 counters: ConsumerCounters::default(),
                 events: VecDeque::with_capacity(N),
             },
@@ -442,9 +450,9 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         &mut self,
         transport: &mut T,
         request: PushRequest<'_>,
-        now_ms: u64,
+        now: Instant,
     ) -> Result<Registered, ConsumerError> {
-        self.engine().register(transport, request, now_ms)
+        self.engine().register(transport, request, now)
     }
 
     /// [`ConsumerEngine::register_with`] on one thread.
@@ -456,10 +464,9 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         transport: &mut T,
         request: PushRequest<'_>,
         mode: EdgeMode,
-        now_ms: u64,
+        now: Instant,
     ) -> Result<Registered, ConsumerError> {
-        self.engine()
-            .register_with(transport, request, mode, now_ms)
+        self.engine().register_with(transport, request, mode, now)
     }
 
     /// [`ConsumerEngine::abort`] on one thread.
@@ -494,7 +501,7 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         noticed
     }
 
-    /// One round at monotonic time `now_ms` on one thread: notifications (deciding at
+    /// One round at monotonic time `now` on one thread: notifications (deciding at
     /// once), then [`ConsumerEngine::poll`].
     ///
     /// # Errors
@@ -502,10 +509,10 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     pub fn poll<T: Transport>(
         &mut self,
         transport: &mut T,
-        now_ms: u64,
+        now: Instant,
     ) -> Result<PollReport, DrainError> {
         // Ignored input is counted by the core.
-        self.poll_observed(transport, now_ms, |_, _, _| {})
+        self.poll_observed(transport, now, |_, _, _| {})
     }
 
     /// [`poll`](Self::poll), showing `observe` each drained notification with its sender
@@ -517,7 +524,7 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     pub fn poll_observed<T: Transport>(
         &mut self,
         transport: &mut T,
-        now_ms: u64,
+        now: Instant,
         mut observe: impl for<'m> FnMut(&str, &'m [u8], Result<Noticed, Ignored<'m>>),
     ) -> Result<PollReport, DrainError> {
         let before = self.state.events.len();
@@ -531,7 +538,7 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         let notifications = inbox.len();
         inbox.clear();
         self.inbox = inbox;
-        self.engine().poll(transport, now_ms);
+        self.engine().poll(transport, now);
         let report = PollReport {
             notifications,
             decisions: self.state.events.len() - before,
@@ -540,13 +547,13 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     }
 
     /// [`ConsumerEngine::advance`] on one thread.
-    pub fn advance(&mut self, now_ms: u64) {
-        self.engine().advance(now_ms);
+    pub fn advance(&mut self, now: Instant) {
+        self.engine().advance(now);
     }
 
-    /// `lease_ms / 6` (vLLM), at least 1 ms.
-    pub fn heartbeat_interval_ms(&self) -> u64 {
-        (self.state.config.lease_ms / 6).max(1)
+    /// `lease / 6` (vLLM), at least 1 ms.
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.state.config.heartbeat_interval()
     }
 
     /// Decisions queued and not yet taken.
@@ -560,21 +567,15 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     /// settling ends (a lost producer's edges settle in the core).
     /// `None` when only new input can change anything. An engine loop (or a simulator)
     /// may sleep until then or the next notification, whichever comes first.
-    pub fn next_wakeup_ms(&self) -> Option<u64> {
+    pub fn next_wakeup(&self) -> Option<Instant> {
         let st = &self.state;
         let gone = (!st.send_failed.is_empty()).then_some(st.now);
-        let heartbeat = (!st.inflight.is_empty()).then(|| {
-            st.last_heartbeat_ms
-                .saturating_add(self.heartbeat_interval_ms())
-        });
-        [
-            gone,
-            heartbeat,
-            self.ledger.next_timer().map(Instant::millis),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        let heartbeat =
+            (!st.inflight.is_empty()).then(|| st.last_heartbeat + self.heartbeat_interval());
+        [gone, heartbeat, self.ledger.next_timer()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Whether the core's table is full: a registration now would be refused
@@ -619,9 +620,9 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         &mut self,
         transport: &mut T,
         request: PushRequest<'_>,
-        now_ms: u64,
+        now: Instant,
     ) -> Result<Registered, ConsumerError> {
-        self.register_with(transport, request, EdgeMode::Named, now_ms)
+        self.register_with(transport, request, EdgeMode::Named, now)
     }
 
     /// [`register`](Self::register), counting the edges as `mode` says.
@@ -633,11 +634,11 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         transport: &mut T,
         request: PushRequest<'_>,
         mode: EdgeMode,
-        now_ms: u64,
+        now: Instant,
     ) -> Result<Registered, ConsumerError> {
         let _span = tracing::debug_span!("register", req = request.id).entered();
         let st = &mut *self.state;
-        st.now = st.now.max(now_ms);
+        st.now = st.now.max(now);
         let Some(engine) = st.engines.get(request.producer_engine) else {
             return Err(ConsumerError::UnknownEngine(
                 request.producer_engine.to_owned(),
@@ -686,7 +687,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
                 id: request.id,
                 blocks: request.blocks,
                 expect,
-                deadline: request.deadline_ms.map(Duration::from_millis),
+                deadline: request.deadline,
             })
             .map_err(|e| ConsumerError::Rejected {
                 id: request.id.to_owned(),
@@ -720,7 +721,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
                     producer_engine: request.producer_engine.to_owned(),
                     remote_request_id: request.remote_request_id.to_owned(),
                     producers,
-                    registered_at_ms: st.now,
+                    registered_at: st.now,
                 },
                 heartbeat: true,
                 ticket: Some(ticket),
@@ -770,7 +771,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     /// reset, or its metadata invalidated), but nothing proves that the bytes it had
     /// already handed to its transport cannot still land: report it to the core with
     /// [`gone`](kvdrain::Engine::gone) now. Its outstanding named edges fail at once, as
-    /// by a failure notice, and their blocks settle for `settle_ms` (a counting-mode
+    /// by a failure notice, and their blocks settle for `Config::settle` (a counting-mode
     /// request still waits for its count or its deadline). Nothing more is sent to it
     /// until its engine is added again. Returns the edges resolved. The driver calls this
     /// itself for a failed send or a peer the transport reports gone.
@@ -833,12 +834,12 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         taken
     }
 
-    /// One engine round at monotonic time `now_ms`: peers whose send failed since the last
+    /// One engine round at monotonic time `now`: peers whose send failed since the last
     /// round and peers the transport reports gone reported to the core (at this round's
     /// clock), ready decisions taken, the clock advanced, heartbeats sent when due.
     /// Returns the ready requests taken.
-    pub fn poll<T: Transport>(&mut self, transport: &mut T, now_ms: u64) -> usize {
-        self.state.now = self.state.now.max(now_ms);
+    pub fn poll<T: Transport>(&mut self, transport: &mut T, now: Instant) -> usize {
+        self.state.now = self.state.now.max(now);
         for name in std::mem::take(&mut self.state.send_failed) {
             self.gone_producer(&name);
         }
@@ -851,20 +852,25 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         }
         let taken = self.take_ready();
         self.advance(self.state.now);
-        let interval = (self.state.config.lease_ms / 6).max(1);
-        if self.state.now.saturating_sub(self.state.last_heartbeat_ms) >= interval {
-            self.state.last_heartbeat_ms = self.state.now;
+        let interval = self.state.config.heartbeat_interval();
+        if self
+            .state
+            .now
+            .saturating_duration_since(self.state.last_heartbeat)
+            >= interval
+        {
+            self.state.last_heartbeat = self.state.now;
             self.heartbeat(transport);
         }
         taken
     }
 
-    /// Advances the core's clock to `now_ms` (deadlines, quarantines).
-    pub fn advance(&mut self, now_ms: u64) {
-        self.state.now = self.state.now.max(now_ms);
+    /// Advances the core's clock to `now` (deadlines, quarantines).
+    pub fn advance(&mut self, now: Instant) {
+        self.state.now = self.state.now.max(now);
         let now = self.state.now;
         // The driver's clock only moves forward: `advance` cannot refuse it.
-        let _ = self.engine.advance(Instant::from_millis(now));
+        let _ = self.engine.advance(now);
         self.take_queued();
     }
 
@@ -1006,7 +1012,7 @@ impl EngineState {
             producer_engine: String::new(),
             remote_request_id: String::new(),
             producers: PerRequest::new(),
-            registered_at_ms: self.now,
+            registered_at: self.now,
         }
     }
 }

@@ -5,7 +5,7 @@
 //! them with reuse stamps.
 //!
 //! Drive loop (every 200 µs): one [`Consumer::poll`]: notifications into the core,
-//! heartbeats to P every `lease_ms / 6` = 20 ms while the request waits (a failed one is
+//! heartbeats to P every `lease / 6` = 20 ms while the request waits (a failed one is
 //! the driver's peer-death probe: it reports P gone to the core at once, P's edge fails and
 //! its blocks settle for `settle_ms`), the clock, the decisions. No protocol rule is
 //! written here: the experiment measures the driver and core that ship. The first failure
@@ -31,7 +31,7 @@ use crate::watch::Watch;
 
 /// P's engine id as D's driver knows it.
 const P_ENGINE: &str = "late-writes-p";
-/// P's lease: the driver heartbeats every `lease_ms / 6` = 20 ms.
+/// P's lease: the driver heartbeats every `lease / 6` = 20 ms.
 const LEASE_MS: u64 = 120;
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(60);
 
@@ -53,7 +53,7 @@ pub fn consumer_config(spec: &RunSpec) -> ConsumerConfig {
         port: 0,
         tp_rank: 0,
         tp_size: 1,
-        lease_ms: LEASE_MS,
+        lease: kvdrain::Duration::from_millis(LEASE_MS),
         ledger: ledger_config(spec),
     }
 }
@@ -167,7 +167,7 @@ pub fn run(
             transfer_id: None,
             blocks: BlockHandle(0),
             block_ids: vec![Vec::new()],
-            deadline_ms: None,
+            deadline: None,
         })
         .map_err(|e| format!("register: {e}"))?;
     let watch = Watch::start(

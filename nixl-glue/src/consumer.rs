@@ -96,8 +96,11 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
         &self.agent
     }
 
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    /// The driver's clock: ms since `epoch` (where this side reads its clock).
+    fn now(&self) -> kvdrain::Instant {
+        kvdrain::Instant::from_millis(
+            u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX),
+        )
     }
 
     /// Loads the metadata of every rank of a producer engine (notification-only, as vLLM's
@@ -124,7 +127,7 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
     /// # Errors
     /// [`ConsumerError::Driver`] (with the blocks, if the core refused); nothing was sent.
     pub fn register(&mut self, request: PushRequest<'_>) -> Result<Registered, ConsumerError> {
-        let now = self.now_ms();
+        let now = self.now();
         let mut transport = NixlConsumerTransport {
             agent: &self.agent,
             drain_error: None,
@@ -175,7 +178,7 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
             }
         }
         let decided_by_notices = self.pending_events();
-        let now = self.now_ms();
+        let now = self.now();
         let mut transport = NixlConsumerTransport {
             agent: &self.agent,
             drain_error: None,
@@ -356,8 +359,11 @@ pub struct EngineSide<'a, const N: usize, const E: usize> {
 }
 
 impl<const N: usize, const E: usize> EngineSide<'_, N, E> {
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    /// The driver's clock: ms since `epoch` (where this side reads its clock).
+    fn now(&self) -> kvdrain::Instant {
+        kvdrain::Instant::from_millis(
+            u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX),
+        )
     }
 
     /// As [`Consumer::register`].
@@ -365,7 +371,7 @@ impl<const N: usize, const E: usize> EngineSide<'_, N, E> {
     /// # Errors
     /// As [`Consumer::register`].
     pub fn register(&mut self, request: PushRequest<'_>) -> Result<Registered, ConsumerError> {
-        let now = self.now_ms();
+        let now = self.now();
         let mut transport = NixlConsumerTransport {
             agent: self.agent,
             drain_error: None,
@@ -399,7 +405,7 @@ impl<const N: usize, const E: usize> EngineSide<'_, N, E> {
     /// heartbeats; then the decisions go to `release`. Returns the decisions delivered.
     pub fn poll(&mut self, release: &mut impl BlockRelease) -> usize {
         self.seen = self.published.load(Ordering::Acquire);
-        let now = self.now_ms();
+        let now = self.now();
         let mut transport = NixlConsumerTransport {
             agent: self.agent,
             drain_error: None,

@@ -95,7 +95,7 @@ impl ConsumerSide {
             port: 5600,
             tp_rank: 0,
             tp_size: 1,
-            lease_ms: cfg.lease_ms,
+            lease: Duration::from_millis(cfg.lease_ms),
             ledger: Config {
                 deadline: Duration::from_millis(cfg.deadline_ms),
                 quarantine: Duration::from_millis(cfg.quarantine_ms),
@@ -163,7 +163,7 @@ impl ProducerSide {
             let mut agent = agent(cfg, &format!("p{r}"))?;
             agent.register_dram(pool.layout().region())?;
             let mut config = ProducerConfig::new(P_ENGINE, r, cfg.p_tp);
-            config.lease_ms = cfg.lease_ms;
+            config.lease = Duration::from_millis(cfg.lease_ms);
             pushers.push(Pusher::new(agent, config, pool.layout()));
             pools.push(pool);
         }

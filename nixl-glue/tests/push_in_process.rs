@@ -201,7 +201,7 @@ fn tp2_to_tp1_with_a_pump_thread() {
                     transfer_id: Some(&pid),
                     blocks: BlockHandle(n),
                     block_ids: block_ids(n),
-                    deadline_ms: None,
+                    deadline: None,
                 })
                 .expect("register");
             assert!(registered.unreached.is_empty());
@@ -290,7 +290,7 @@ fn pr50754_scenarios_ten_times_each_then_a_healthy_request() {
                     transfer_id: Some(&pid),
                     blocks: BlockHandle(0),
                     block_ids: block_ids(0),
-                    deadline_ms: None,
+                    deadline: None,
                 })
                 .expect("register");
             let before = tb.d.consumer.core_counters().ingest;
@@ -489,7 +489,7 @@ fn heartbeats_stop_at_the_decision() {
             transfer_id: Some("no-such-transfer"),
             blocks: BlockHandle(0),
             block_ids: block_ids(0),
-            deadline_ms: Some(1500),
+            deadline: Some(kvdrain::Duration::from_millis(1500)),
         })
         .expect("register");
     run_until(&mut tb, &mut e, LIMIT, "expiry", |_, e| {

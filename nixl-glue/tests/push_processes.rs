@@ -211,7 +211,7 @@ fn child_consumer() {
                 transfer_id: Some(&pid),
                 blocks: kvdrain::BlockHandle(n),
                 block_ids: block_ids(n),
-                deadline_ms: None,
+                deadline: None,
             })
             .expect("register")
             .unreached;
@@ -260,7 +260,7 @@ fn child_consumer() {
                 transfer_id: Some(&pid),
                 blocks: kvdrain::BlockHandle(1),
                 block_ids: block_ids(1),
-                deadline_ms: Some(300),
+                deadline: Some(kvdrain::Duration::from_millis(300)),
             })
             .expect("register")
             .unreached;

@@ -612,7 +612,7 @@ impl Loop<'_> {
                     transfer_id: Some(&pid),
                     blocks: BlockHandle(slot),
                     block_ids: block_ids(o, slot),
-                    deadline_ms: None,
+                    deadline: None,
                 })
                 .map_err(|e| format!("registration refused: {e}"))?;
             }

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use kvdrain::{AgentId, BlockHandle, IgnoreReason, Noticed, Outstanding};
+use kvdrain::{AgentId, BlockHandle, IgnoreReason, Instant, Noticed, Outstanding};
 use kvdrain_driver::consumer::{
     ConsumerConfig, ConsumerDriver, ConsumerError, ConsumerEvent, EdgeMode, PushRequest,
 };
@@ -182,7 +182,7 @@ impl World {
         let req = request_number(request.id);
         let (driver, mut link) = self.decode_rank(d);
         link.registering = req;
-        let registered = driver.register_with(&mut link, request, mode, now);
+        let registered = driver.register_with(&mut link, request, mode, Instant::from_millis(now));
         let sent = link.sent;
         self.schedule_sent(d, sent);
         registered.map(|_| ())
@@ -196,7 +196,7 @@ impl World {
         let mut seen = Vec::new();
         let (driver, mut link) = self.decode_rank(d);
         // The virtual network never fails to drain.
-        let _ = driver.poll_observed(&mut link, now, |_, _, result| {
+        let _ = driver.poll_observed(&mut link, Instant::from_millis(now), |_, _, result| {
             seen.push(result.map_err(|ignored| ignored.reason));
         });
         let sent = link.sent;

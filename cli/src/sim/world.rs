@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use kvdrain::{AgentId, Config, Duration, producer::Topology};
+use kvdrain::{AgentId, Config, Duration, Instant, producer::Topology};
 use kvdrain_driver::consumer::{ConsumerConfig, ProducerEngine};
 use kvdrain_driver::producer::{ProducerConfig, ProducerDriver};
 use kvdrain_driver::transport::{Notification, WriteStatus};
@@ -132,7 +132,7 @@ pub(super) fn producer_config(cluster: &Cluster, rank: usize) -> ProducerConfig 
     config.pp_stage = r.stage;
     config.pp_size = topology.p_pp;
     config.mla = topology.mla;
-    config.lease_ms = LEASE;
+    config.lease = Duration::from_millis(LEASE);
     config
 }
 
@@ -151,7 +151,7 @@ fn consumer_config(cluster: &Cluster, d: u16, ledger: Config) -> ConsumerConfig 
         port: 0,
         tp_rank: d,
         tp_size: cluster.d_tp,
-        lease_ms: LEASE,
+        lease: Duration::from_millis(LEASE),
         ledger,
     }
 }
@@ -285,7 +285,7 @@ impl World {
     fn next_wakeup(&self) -> Option<u64> {
         self.consumers
             .iter()
-            .filter_map(|c| c.driver.next_wakeup_ms())
+            .filter_map(|c| c.driver.next_wakeup().map(Instant::millis))
             .min()
             .map(|at| at.max(self.now + 1))
     }

@@ -168,7 +168,7 @@ pub fn register(tb: &mut Testbed, n: u64, slot: u64, deadline_ms: Option<u64>) -
             transfer_id: Some(&pid),
             blocks: BlockHandle(slot),
             block_ids: block_ids(slot),
-            deadline_ms,
+            deadline: deadline_ms.map(kvdrain::Duration::from_millis),
         })
         .expect("register")
         .unreached
