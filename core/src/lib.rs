@@ -132,11 +132,15 @@
 //! Duration` saturates at [`Instant::MAX`] ("never") rather than wrap into the past. Inside,
 //! the atomics stay integers: the shared clock the ingest thread stamps failure notices
 //! with holds the low 32 bits of the last `advance`'s milliseconds, converted at the edge.
+//! The names are smoltcp's, not `std::time`'s (whose `Instant` reads a clock and whose
+//! `Duration` counts nanoseconds): where both are in scope, name these `kvdrain::Instant`
+//! and `kvdrain::Duration`.
 //!
-//! Where time leaves Rust it is an integer in ms again: the replay format (`advance T`,
-//! `deadline=D`), the C ABI (`uint64_t` ms) and the Python module (`int` ms) convert at
-//! their boundary with [`Instant::from_millis`] / [`Duration::from_millis`] and
-//! [`millis`](Instant::millis).
+//! Where time leaves Rust it is an integer in ms again, because a text format, a C header
+//! and a Python signature have no such types: the replay format (`at MS`, `deadline=MS`,
+//! `config settle_ms=MS`), the C ABI (`uint64_t` ms) and the Python module (`int` ms)
+//! convert at their boundary with [`Instant::from_millis`] / [`Duration::from_millis`] and
+//! [`millis`](Instant::millis). A caller in Rust converts once, where it reads its clock.
 //!
 //! ## Threads
 //!
