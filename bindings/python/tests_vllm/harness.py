@@ -190,6 +190,10 @@ class FakeNixl:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes]] = []
+        # Agents the transport lost: a send to one whose message starts with the prefix
+        # given raises, as NIXL's send_notif does for a peer it cannot reach.
+        self.unreachable: dict[str, bytes] = {}
+        self.refused: list[tuple[str, bytes]] = []
         self.batches: queue.Queue[dict[str, list[bytes]]] = queue.Queue()
         self.states: dict[int, str | BaseException] = {}
         self.posted: list[tuple[int, bytes]] = []
@@ -208,6 +212,10 @@ class FakeNixl:
             return {}
 
     def send_notif(self, agent: str, notif_msg: bytes) -> None:
+        prefix = self.unreachable.get(agent)
+        if prefix is not None and notif_msg.startswith(prefix):
+            self.refused.append((agent, notif_msg))
+            raise nixlRemoteDisconnectError(f"cannot reach {agent}")
         self.sent.append((agent, notif_msg))
 
     def make_prepped_xfer(self, op: str, *args: Any, notif_msg: bytes = b"") -> int:
@@ -247,6 +255,10 @@ class nixlNotFoundError(RuntimeError):  # noqa: N801 - NIXL's own exception name
 
 class nixlBackendError(RuntimeError):  # noqa: N801
     """What NIXL's status call raises for a backend failure."""
+
+
+class nixlRemoteDisconnectError(RuntimeError):  # noqa: N801
+    """What NIXL raises for an operation towards a peer it lost."""
 
 
 class Clock:
@@ -392,8 +404,11 @@ def writer_round(w: NixlPushConnectorWorker) -> None:
     if isinstance(w, KvdrainPushWorker):
         w._kvdrain_writer_round()
         return
-    # vLLM 0.33's writer thread does exactly this with each batch (its loop step 4),
-    # after draining its inboxes; the registration inbox only queues PUSH_REG sends.
+    # vLLM 0.33's writer thread sends the queued registrations (its loop step 1), then
+    # does exactly this with each batch (its loop step 4).
+    while not w._reg_send_inbox.empty():
+        rid, reg = w._reg_send_inbox.get_nowait()
+        w._send_registration_to_p(rid, reg)
     for notifs in w.nixl_wrapper.get_new_notifs().values():
         for notif in notifs:
             if not notif.startswith(b"PUSH_REG:"):
@@ -424,10 +439,11 @@ class DecodeEngine:
         policy: str = "fail",
         settings: Settings | None = None,
         p_agents: dict[tuple[int, int], str] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         self.which = which
         self.clock = Clock()
-        self.scheduler = make_scheduler(which, tp=tp, policy=policy)
+        self.scheduler = make_scheduler(which, tp=tp, policy=policy, extra=extra)
         cfg = self.scheduler.vllm_config
         agents = p_agents or {(0, r): f"P{r}" for r in range(p_tp)}
         self.workers = [
@@ -455,7 +471,7 @@ class DecodeEngine:
     # -- scheduler -------------------------------------------------------------------- #
 
     def free_blocks(self) -> int:
-        return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+        return int(self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
 
     def add(self, req: Request) -> None:
         self.scheduler.add_request(req)
