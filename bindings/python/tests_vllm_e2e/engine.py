@@ -207,6 +207,8 @@ class Engine:
         self.free: list[int] = list(range(NUM_BLOCKS))
         self.reqs: dict[str, dict[str, Any]] = {}
         self.told: dict[str, list[str]] = {}
+        # When each was told (time.monotonic(), one clock for every process on a host).
+        self.told_at: dict[str, list[float]] = {}
         self.violations: list[str] = []
         self.bytes_checked = 0
         self.late_bytes = 0
@@ -281,6 +283,9 @@ class Engine:
             "transfer_mode": "push",
         }
         req = self._request(rid, n_blocks, params)
+        # What vLLM's scheduler does when the request arrives (add_request): the
+        # connector starts heartbeating its producer engine.
+        self.sched.on_new_request(req)
         n_ext, _async = self.sched.get_num_new_matched_tokens(req, 0)
         blocks = self._alloc(n_blocks)
         req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
@@ -320,8 +325,6 @@ class Engine:
         if not delay:
             self._release(rid)
         return {"blocks": blocks, "delay": delay}
-
-
 
     def abort(self, rid: str) -> Any:
         """D: the request is aborted while it waits for its KV."""
@@ -369,16 +372,17 @@ class Engine:
 
     def _tell(self, rid: str, what: str) -> None:
         self.told.setdefault(rid, []).append(what)
+        self.told_at.setdefault(rid, []).append(time.monotonic())
 
     def _apply(self, out: KVConnectorOutput) -> None:
         """What vLLM's scheduler does with the workers' report."""
         failed = set(out.failed_recving or ())
         if out.invalid_block_ids:
-            for rid, r in self.reqs.items():
+            for rid, held in self.reqs.items():
                 if (
-                    not r["freed"]
-                    and r.get("fenced_at") is None
-                    and set(r["blocks"]) & out.invalid_block_ids
+                    not held["freed"]
+                    and held.get("fenced_at") is None
+                    and set(held["blocks"]) & out.invalid_block_ids
                 ):
                     self._tell(rid, "invalid_blocks")
                     self._fence(rid)
@@ -453,6 +457,7 @@ class Engine:
             "states": states,
             "held": held,
             "told": self.told,
+            "told_at": self.told_at,
             "violations": list(self.violations),
             "bytes_checked": self.bytes_checked,
             "late_bytes": self.late_bytes,
@@ -480,6 +485,7 @@ def main() -> None:
     for line in sys.stdin:
         cmd = json.loads(line)
         op = cmd.pop("op")
+        result: Any
         try:
             if op == "quit":
                 out.write(json.dumps({"ok": True}) + "\n")
@@ -488,7 +494,8 @@ def main() -> None:
             if op == "fault":
                 result = eng.faults.set(**cmd)
             elif op == "fault_send":
-                result = eng.faults.send_raw(**cmd)
+                eng.faults.send_raw(**cmd)
+                result = None
             elif op == "stray_send":
                 result = eng.faults.stray_send(**cmd)
             else:
