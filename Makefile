@@ -135,11 +135,11 @@ python-test: python
 vllm: python
 	bash scripts/setup-vllm.sh
 
-## mypy --strict, in .venv-vllm, over the plugin and the two vLLM suites (tests_vllm/,
-## tests_vllm_e2e/); vLLM's, torch's and NIXL's own sources are not followed
-## (bindings/python/pyproject.toml).
+## mypy --strict, in .venv-vllm, over the plugin and the vLLM suites (tests_vllm/,
+## tests_vllm_e2e/ and their shared set-up, tests_vllm_shared/); vLLM's, torch's and
+## NIXL's own sources are not followed (bindings/python/pyproject.toml).
 mypy-vllm: vllm
-	cd bindings/python && ../../.venv-vllm/bin/python -m mypy python/kvdrain tests_vllm tests_vllm_e2e
+	cd bindings/python && ../../.venv-vllm/bin/python -m mypy python/kvdrain tests_vllm_shared tests_vllm tests_vllm_e2e
 
 ## The connector plugin (kvdrain.vllm.connector) on vLLM 0.33.0's real scheduler and push
 ## worker classes, every scenario through the plugin and through vLLM's own connector;
