@@ -6,7 +6,7 @@
 //! events into the steps the event loop checks.
 //!
 //! The decode side of the event loop is here too: registering a request through a rank's
-//! driver, delivering a notification and checking what the core made of it ([`Should`]),
+//! driver, delivering a notification and checking what the core made of it (`Should`),
 //! polling a rank and applying its decisions (each checked against what the simulation
 //! knows: one outcome per request, a completion only once every edge landed whole), the
 //! client's aborts and the end of decoding.
