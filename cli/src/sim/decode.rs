@@ -90,7 +90,7 @@ impl DecodeRank {
     /// the simulation cannot place goes to `wrong`.
     pub fn take_steps(&mut self, wrong: &mut Vec<String>) -> Vec<(u64, Step)> {
         let mut steps = Vec::new();
-        while let Some(event) = self.driver.poll_event() {
+        while let Some(event) = self.driver.engine().poll_event() {
             let (request, step, blocks) = match event {
                 ConsumerEvent::Decode { request, blocks } => {
                     (request, Step::Completed, Some(blocks))

@@ -308,10 +308,10 @@ impl World {
     }
 
     /// The earliest time a decode rank's driver has work due, after now.
-    fn next_wakeup(&self) -> Option<Millis> {
+    fn next_wakeup(&mut self) -> Option<Millis> {
         self.consumers
-            .iter()
-            .filter_map(|c| c.driver.next_wakeup_ms())
+            .iter_mut()
+            .filter_map(|c| c.driver.engine().next_wakeup_ms())
             .min()
             .map(|at| at.max(self.now + 1))
     }
@@ -471,7 +471,11 @@ impl World {
         // A full table on any rank: the request is not pushed (the engine would prefill it
         // locally). The full rank's driver must say so; no rank registers, so no slot is
         // tied up by a request nobody will write.
-        if let Some(d) = self.consumers.iter().position(|c| c.driver.is_full()) {
+        if let Some(d) = self
+            .consumers
+            .iter_mut()
+            .position(|c| c.driver.engine().is_full())
+        {
             self.faults.table_full += 1;
             let registered = self.register(d, push(req), EdgeMode::Count);
             match registered {
@@ -651,7 +655,7 @@ impl World {
         let req = request_number(request.id);
         let (driver, mut link) = self.decode_rank(d);
         link.registering = req;
-        let registered = driver.register_with(&mut link, request, mode, now);
+        let registered = driver.engine().register_with(&mut link, request, mode, now);
         let sent = link.sent;
         self.schedule_sent(d, sent);
         registered.map(|_| ())
@@ -741,7 +745,7 @@ impl World {
         };
         let mut mid_push = false;
         for (d, part) in request.ranks.iter_mut().enumerate() {
-            let Ok(quarantined) = self.consumers[d].driver.abort(&request.id) else {
+            let Ok(quarantined) = self.consumers[d].driver.engine().abort(&request.id) else {
                 continue; // decided already
             };
             self.consumers[d].outcome_given(req);
@@ -1221,11 +1225,11 @@ impl World {
             self.violation(what);
         }
         for d in 0..self.consumers.len() {
-            let c = &self.consumers[d];
+            let c = &mut self.consumers[d];
             let (free, in_flight, tracked) = (
                 c.pool.free_blocks(),
                 c.pool.writes_in_flight(),
-                c.driver.in_flight(),
+                c.driver.engine().in_flight(),
             );
             if free != BLOCKS as usize || in_flight != 0 || tracked != 0 {
                 self.violation(format!(
