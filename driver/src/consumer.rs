@@ -352,8 +352,9 @@ pub struct ConsumerIngest<'a, const N: usize, const E: usize> {
     state: &'a mut IngestState,
 }
 
-/// The engine half of a split [`ConsumerDriver`]: registration, aborts, fences, clock,
-/// heartbeats, decisions.
+/// The engine half of a [`ConsumerDriver`] ([`split`](ConsumerDriver::split) for an
+/// engine thread, [`engine`](ConsumerDriver::engine) on one thread): registration, aborts,
+/// lost and fenced producers, clock, heartbeats, decisions, and when to wake next.
 #[derive(Debug)]
 pub struct ConsumerEngine<'a, const N: usize, const E: usize> {
     engine: Engine<'a, N, E>,
@@ -752,7 +753,10 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
 
     /// One engine round at monotonic time `now_ms`: peers whose send failed since the last
     /// round and peers the transport reports gone reported to the core (at this round's
-    /// clock), ready decisions taken, the clock advanced, heartbeats sent when due.
+    /// clock), ready decisions taken, the clock advanced, heartbeats sent when due. It does
+    /// not drain the transport: notifications come in through the ingest half (or
+    /// [`ConsumerDriver::poll`], which drains, ingests, then calls this). Call it again at
+    /// [`next_wakeup_ms`](Self::next_wakeup_ms) or when the ingest half decided a request.
     /// Returns the ready requests taken.
     pub fn poll<T: Transport>(&mut self, transport: &mut T, now_ms: u64) -> usize {
         self.state.now = self.state.now.max(now_ms);
