@@ -1,7 +1,7 @@
 //! `kvdrain experiment late-writes`: does a WRITE that the producer saw fail keep landing in
 //! the consumer's memory, and does the consumer release its blocks before it stops? P and D
 //! run as two processes (this binary re-executed with the hidden `experiment
-//! late-writes-child d|p` subcommand) over real NIXL; see `kvdrain_nixl::experiment` for what
+//! late-writes-child d|p` subcommand) over real NIXL; see `kvdrain_late_writes` for what
 //! is measured.
 //!
 //! Prints one JSON line per run, then a table (standard error) and a JSON summary: per fault
@@ -126,8 +126,8 @@ pub fn main(command: &ExperimentCommand) -> ExitCode {
 
 #[cfg(feature = "nixl")]
 fn late_writes(args: &LateWritesArgs) -> ExitCode {
-    use kvdrain_nixl::experiment::coordinator::{Role, run_once};
-    use kvdrain_nixl::experiment::summary::Summary;
+    use kvdrain_late_writes::coordinator::{Role, run_once};
+    use kvdrain_late_writes::summary::Summary;
 
     let plan = plan(args);
     let specs = plan.specs();
@@ -179,9 +179,9 @@ fn late_writes(args: &LateWritesArgs) -> ExitCode {
 }
 
 #[cfg(feature = "nixl")]
-fn plan(args: &LateWritesArgs) -> kvdrain_nixl::experiment::spec::Plan {
-    use kvdrain_nixl::experiment::policy::Policy;
-    use kvdrain_nixl::experiment::spec::{Fault, Plan, Transport};
+fn plan(args: &LateWritesArgs) -> kvdrain_late_writes::spec::Plan {
+    use kvdrain_late_writes::policy::Policy;
+    use kvdrain_late_writes::spec::{Fault, Plan, Transport};
 
     let faults = match args.fault {
         FaultArg::A => vec![Fault::Invalidate],
@@ -215,7 +215,7 @@ fn plan(args: &LateWritesArgs) -> kvdrain_nixl::experiment::spec::Plan {
 
 #[cfg(feature = "nixl")]
 fn child(role: &str) -> ExitCode {
-    use kvdrain_nixl::experiment::coordinator::{Role, child_main};
+    use kvdrain_late_writes::coordinator::{Role, child_main};
     let Some(role) = Role::parse(role) else {
         eprintln!("kvdrain experiment late-writes-child d|p");
         return ExitCode::from(2);

@@ -26,7 +26,8 @@
 //!    (starts its lease);
 //! 2. call [`tick`](producer::ProducerDriver::tick) on every scheduler step: it drains
 //!    `PUSH_REG` and `HB:`, pairs, posts, polls every WRITE, sends owed `PUSH_FAIL`s,
-//!    retires requests whose lease ran out;
+//!    retires requests whose lease ran out (a failed drain is returned after the rest of
+//!    the round ran, as the consumer driver does);
 //! 3. take [`poll_event`](producer::ProducerDriver::poll_event) until `None`: free the
 //!    source blocks of each `SourceReleased`;
 //! 4. [`retire`](producer::ProducerDriver::retire) a request the engine aborts.
@@ -75,9 +76,9 @@
 //! | module | concept |
 //! | --- | --- |
 //! | [`transport`] | the one trait a driver needs from the wire |
-//! | [`producer`] | P: pairing, leases, retired ids, plans, owed notices, source release |
+//! | [`producer`] | P: offers, pairing, posts, status polls, stale peers, notices, retired ids |
 //! | [`consumer`] | D: directory, registration, heartbeats, lost producers, decisions |
-//! | [`pairing`] | exact / `transfer_id` / base-id pairing tables |
+//! | [`pairing`] | the producer's exact / `transfer_id` / base-id pairing tables |
 //! | [`registration`] | the `PUSH_REG:` msgpack map, decoded as vLLM's msgspec does |
 //! | [`directory`] | producer agent names ↔ the core's `AgentId`s |
 //! | [`memory`] | the in-process transport |
@@ -85,7 +86,7 @@
 pub mod consumer;
 pub mod directory;
 pub mod memory;
-pub mod pairing;
+pub use producer::pairing;
 pub mod producer;
 pub mod registration;
 pub mod transport;

@@ -23,7 +23,6 @@
 //! | [`pool`] | DRAM KV block pools (tests, demo) |
 //! | [`metrics`] | one `prometheus-client` registry type (vLLM-style names), the latency's HDR histogram |
 //! | [`testbed`] | P(TP=n) → D(TP=1) on real NIXL in one process (tests, demo) |
-//! | [`experiment`] | late writes after a failed WRITE, P and D as two processes (`docs/nixl.md#late-writes`) |
 //!
 //! Events go to `tracing` (install any subscriber; `kvdrain demo --log` uses
 //! `tracing-subscriber`): a `debug` span per request on the consumer's registration and the
@@ -36,7 +35,6 @@
 pub mod agent;
 pub mod consumer;
 pub mod descriptors;
-pub mod experiment;
 pub mod handshake;
 pub mod loader;
 pub mod metrics;

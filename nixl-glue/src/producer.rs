@@ -105,7 +105,8 @@ impl Pusher {
     /// One round: notifications, leases, new pushes, status polls, owed notices, releases.
     ///
     /// # Errors
-    /// [`AgentError`] if draining notifications failed.
+    /// [`AgentError`] if draining notifications failed (the rest of the round still ran and
+    /// its releases were delivered).
     pub fn tick(
         &mut self,
         handshake: &mut impl Handshake,

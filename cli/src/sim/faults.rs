@@ -1,5 +1,18 @@
 //! The fault classes the simulation injects (catalogue ids of
 //! `docs/protocol.md#catalogue`), how often, and how many times each was actually exercised.
+//!
+//! The fault events that are not the network's (the transports, [`super::link`] and
+//! [`super::decode_link`], apply those) are here as well: a prefill engine's abort (F5, silent
+//! or not), a producer rank's death, the transport seeing it gone, and its replacement coming
+//! up.
+
+use kvdrain::AgentId;
+use kvdrain_driver::producer::ProducerDriver;
+
+use super::cluster::Cluster;
+use super::timing::{FENCE_AFTER, REDISCOVER_AFTER};
+use super::workload::producer_request_id;
+use super::world::{Event, World, known_engine, producer_config};
 
 /// Injection rates in parts per million of the chances each fault gets.
 #[derive(Clone, Copy, Debug)]
@@ -174,5 +187,87 @@ impl Faults {
             ("duplicate_registration", self.duplicate_registration),
             ("late_landing", self.late_landing),
         ]
+    }
+}
+
+impl World {
+    pub(super) fn producer_abort(&mut self, req: u64) {
+        let silent = self.rng.chance(self.rates.producer_abort_silent);
+        let Some(request) = self.requests.get_mut(&req) else {
+            return;
+        };
+        // F5: the producer aborts too; a silent one never sends what it owes.
+        request.producer_aborted = true;
+        request.producer_silent = silent;
+        if silent {
+            self.silent.insert(req);
+        }
+        self.faults.producer_abort += 1;
+        let p_id = producer_request_id(req);
+        for rank in self.cluster.ranks_of(request.engine) {
+            if self.cluster.ranks[rank].alive {
+                self.producers[rank].retire(&p_id);
+                self.want_tick(rank);
+            }
+        }
+    }
+
+    pub(super) fn death(&mut self, rank: usize) {
+        if !self.cluster.ranks[rank].alive {
+            return;
+        }
+        self.cluster.ranks[rank].alive = false;
+        let agent = self.cluster.ranks[rank].agent;
+        // Its WRITEs stop: part of each may have landed, nothing more will.
+        let cut: Vec<u64> = self
+            .writes
+            .iter()
+            .filter(|(_, w)| w.agent == agent)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in cut {
+            if let Some(w) = self.writes.remove(&id) {
+                self.end_write(&w, false);
+            }
+        }
+        // Everything the dead incarnation knew is gone with it.
+        self.producers[rank] = ProducerDriver::new(producer_config(&self.cluster, rank));
+        self.inboxes[rank].clear();
+        self.finished[rank].clear();
+        if self.rng.chance(self.rates.fenced) {
+            self.faults.producer_death_fenced += 1;
+            let at = self.now + self.between(FENCE_AFTER);
+            self.agenda.push(at, Event::DeathSeen { rank, agent });
+        } else {
+            self.faults.producer_death_unfenced += 1;
+            self.agenda
+                .push(self.now + REDISCOVER_AFTER, Event::Rediscover { rank });
+        }
+    }
+
+    /// The transport sees `agent` gone: every decode rank's transport reports it (its
+    /// driver reports it gone to the core, whose edges of it fail at once and settle for
+    /// `settle_ms`: a dead producer's errored WRITEs keep landing for a while after its
+    /// death is seen, the late-landing fault), and its replacement comes up at once.
+    pub(super) fn death_seen(&mut self, rank: usize, agent: AgentId) {
+        for d in 0..self.consumers.len() {
+            self.consumers[d].gone.push_back(Cluster::agent_name(agent));
+        }
+        self.restart(rank);
+        for d in 0..self.consumers.len() {
+            self.poll_decode(d);
+        }
+    }
+
+    /// A new incarnation of `rank` comes up and every decode rank's driver learns its
+    /// agent (`add_producer_engine` once per incarnation).
+    pub(super) fn restart(&mut self, rank: usize) {
+        self.cluster.restart(rank);
+        let engine = known_engine(&self.cluster, self.cluster.ranks[rank].engine);
+        for d in 0..self.consumers.len() {
+            if let Err(e) = self.consumers[d].driver.add_producer_engine(engine.clone()) {
+                self.violation(format!("rank {d} cannot learn a restarted producer: {e}"));
+            }
+        }
     }
 }

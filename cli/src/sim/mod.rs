@@ -30,6 +30,7 @@
 //! error), which the consumers' settling (`settle_ms`) must absorb.
 
 mod args;
+mod checks;
 pub mod cluster;
 pub mod decode;
 pub mod decode_link;
@@ -42,6 +43,7 @@ pub mod report;
 pub mod requests;
 pub mod rng;
 pub mod timing;
+mod workload;
 mod world;
 
 use std::process::ExitCode;

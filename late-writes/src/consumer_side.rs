@@ -17,18 +17,17 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use kvdrain::{BlockHandle, Config, Outstanding};
-use nixl_sys::AgentConfig;
-
-use super::lines::{Fields, announce, expect_line};
-use super::spec::{REQUEST_ID, RunSpec, SLACK_PAGES, WRITE_PAGES};
-use super::stamp::StampedPages;
-use super::watch::Watch;
-
-use crate::agent::UcxAgent;
-use crate::consumer::{
+use kvdrain_nixl::agent::UcxAgent;
+use kvdrain_nixl::consumer::{
     BlockRelease, Consumer, ConsumerConfig, ProducerEngine, PushRequest, PushedRequest,
 };
-use crate::testbed::{from_hex, to_hex};
+use kvdrain_nixl::testbed::{from_hex, to_hex};
+use nixl_sys::AgentConfig;
+
+use crate::lines::{Fields, announce, expect_line};
+use crate::spec::{REQUEST_ID, RunSpec, SLACK_PAGES, WRITE_PAGES};
+use crate::stamp::StampedPages;
+use crate::watch::Watch;
 
 /// P's engine id as D's driver knows it.
 const P_ENGINE: &str = "late-writes-p";

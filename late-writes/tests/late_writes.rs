@@ -11,16 +11,28 @@
 //!   settles failure notices, D fences a producer found gone `settle_ms` after the
 //!   disconnect, as the consumer driver does).
 
-mod common;
-
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
-use common::{prefix, serial};
-use kvdrain_nixl::experiment::coordinator::{Role, RunRecord, child_main, run_once};
-use kvdrain_nixl::experiment::policy::Policy;
-use kvdrain_nixl::experiment::spec::{Fault, Plan, Transport};
-use kvdrain_nixl::experiment::summary::Summary;
+use kvdrain_late_writes::coordinator::{Role, RunRecord, child_main, run_once};
+use kvdrain_late_writes::policy::Policy;
+use kvdrain_late_writes::spec::{Fault, Plan, Transport};
+use kvdrain_late_writes::summary::Summary;
 use kvdrain_nixl::loader::require_nixl_or_skip;
+
+/// Real NIXL tests run one at a time (the nixl-sys README warns of deadlocks).
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Agent-name prefix unique across tests and concurrently running test processes.
+fn prefix(test: &str) -> String {
+    static SEQ: AtomicUsize = AtomicUsize::new(0);
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    format!("kvd-{}-{test}-{n}", std::process::id())
+}
 
 fn launch(role: Role) -> Command {
     let test = match role {
@@ -193,7 +205,7 @@ fn new_producer_with_settling_has_no_violations_under_any_fault() {
 #[test]
 #[ignore = "child process of the late-writes tests"]
 fn child_late_writes_consumer() {
-    if std::env::var_os(kvdrain_nixl::experiment::spec::SPEC_ENV).is_some() {
+    if std::env::var_os(kvdrain_late_writes::spec::SPEC_ENV).is_some() {
         std::process::exit(child_main(Role::Consumer));
     }
 }
@@ -201,7 +213,7 @@ fn child_late_writes_consumer() {
 #[test]
 #[ignore = "child process of the late-writes tests"]
 fn child_late_writes_producer() {
-    if std::env::var_os(kvdrain_nixl::experiment::spec::SPEC_ENV).is_some() {
+    if std::env::var_os(kvdrain_late_writes::spec::SPEC_ENV).is_some() {
         std::process::exit(child_main(Role::Producer));
     }
 }

@@ -1,8 +1,8 @@
 //! One run's parameters ([`RunSpec`]), shipped to both child processes in one environment
 //! variable, and the randomized plan of a series of runs.
 
-use super::policy::Policy;
-use super::stamp::PAGE;
+use crate::policy::Policy;
+use crate::stamp::PAGE;
 
 /// Environment variable carrying a [`RunSpec`] to a child.
 pub const SPEC_ENV: &str = "KVDRAIN_LATE_WRITES_SPEC";

@@ -5,8 +5,8 @@
 
 use serde::Serialize;
 
-use super::coordinator::RunRecord;
-use super::spec::{Fault, Transport};
+use crate::coordinator::RunRecord;
+use crate::spec::{Fault, Transport};
 
 /// The floor of the recommended settling, ms.
 pub const SETTLE_FLOOR_MS: u64 = 5000;

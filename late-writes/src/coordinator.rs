@@ -26,9 +26,9 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::lines::{Fields, announce, expect_line, reader_lines, stdin_lines};
-use super::spec::{Fault, RunSpec, SPEC_ENV};
-use super::{consumer_side, producer_side};
+use crate::lines::{Fields, announce, expect_line, reader_lines, stdin_lines};
+use crate::spec::{Fault, RunSpec, SPEC_ENV};
+use crate::{consumer_side, producer_side};
 
 const START_LIMIT: Duration = Duration::from_secs(60);
 const EXIT_LIMIT: Duration = Duration::from_secs(20);

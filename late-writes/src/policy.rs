@@ -13,9 +13,8 @@
 
 use kvdrain::producer::{PushPlan, Topology};
 use kvdrain_driver::transport::WriteStatus;
+use kvdrain_nixl::transport::write_status;
 use nixl_sys::NixlError;
-
-use crate::transport::write_status;
 
 /// How a posted WRITE ended, as far as its producer can tell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

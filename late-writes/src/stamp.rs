@@ -12,7 +12,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::agent::DramRegion;
+use kvdrain_nixl::agent::DramRegion;
 
 /// Bytes per stamped page.
 pub const PAGE: usize = 4096;

@@ -5,7 +5,7 @@
 //! invalidates, drops the handle and sends notices. Fault d (SIGKILL) comes from the
 //! coordinator, timed from P's `P-POSTING` line. After the fault it keeps polling the
 //! handle (unless the fault dropped it) until `Success` or an error, decides once what to
-//! report ([`Policy::sends_push_fail`](super::policy::Policy::sends_push_fail)) and keeps running (the progress thread keeps moving
+//! report ([`Policy::sends_push_fail`](crate::policy::Policy::sends_push_fail)) and keeps running (the progress thread keeps moving
 //! bytes) until the coordinator says `EXIT`.
 
 use std::process::Command;
@@ -13,14 +13,14 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
 use kvdrain::wire::{self, Body};
+use kvdrain_nixl::agent::UcxAgent;
+use kvdrain_nixl::testbed::{from_hex, to_hex};
 use nixl_sys::{AgentConfig, MemType, OptArgs, XferDescList, XferOp, XferRequest, XferStatus};
 
-use super::lines::{Fields, announce, expect_line};
-use super::policy::WriteEnd;
-use super::spec::{Fault, REQUEST_ID, RunSpec, SPANS, WRITE_PAGES};
-use super::stamp::{PAGE, Stamp, StampedPages};
-use crate::agent::UcxAgent;
-use crate::testbed::{from_hex, to_hex};
+use crate::lines::{Fields, announce, expect_line};
+use crate::policy::WriteEnd;
+use crate::spec::{Fault, REQUEST_ID, RunSpec, SPANS, WRITE_PAGES};
+use crate::stamp::{PAGE, Stamp, StampedPages};
 
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(60);
 
@@ -35,7 +35,7 @@ pub fn run(
     publish: &dyn Fn(&Fields),
 ) -> Result<(), String> {
     let epoch = Instant::now();
-    let err = |e: crate::agent::AgentError| e.to_string();
+    let err = |e: kvdrain_nixl::agent::AgentError| e.to_string();
     let mut agent =
         UcxAgent::with_config(&format!("{}-p", spec.prefix), &AgentConfig::default(), &[])
             .map_err(err)?;

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::stamp::{Stamp, StampedPages};
+use crate::stamp::{Stamp, StampedPages};
 
 const NONE: u64 = u64::MAX;
 /// Pause target between scan starts.
