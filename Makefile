@@ -10,7 +10,7 @@ include scripts/toolchains
 export NIGHTLY
 
 .PHONY: tools-check package package-crates package-python
-.PHONY: demo test setup setup-nixl setup-tools check fmt clippy clippy-cfg doc deny unit release-suites nostd msrv loom miri fuzz-smoke replay python python-test vllm test-vllm test-vllm-e2e bench-vllm bench-python c-header c-header-check c-test install
+.PHONY: demo test setup setup-nixl setup-tools check fmt clippy clippy-cfg doc deny unit release-suites nostd msrv loom miri fuzz-smoke replay python python-test vllm mypy-vllm test-vllm test-vllm-e2e bench-vllm bench-python c-header c-header-check c-test install
 
 ## The main job: P(TP=2) -> D(TP=1) over real NIXL in one process.
 demo: setup-nixl
@@ -135,9 +135,16 @@ python-test: python
 vllm: python
 	bash scripts/setup-vllm.sh
 
+## mypy --strict, in .venv-vllm, over the plugin and the vLLM suites (tests_vllm/,
+## tests_vllm_e2e/ and their shared set-up, tests_vllm_shared/); vLLM's, torch's and
+## NIXL's own sources are not followed (bindings/python/pyproject.toml).
+mypy-vllm: vllm
+	cd bindings/python && ../../.venv-vllm/bin/python -m mypy python/kvdrain tests_vllm_shared tests_vllm tests_vllm_e2e
+
 ## The connector plugin (kvdrain.vllm.connector) on vLLM 0.33.0's real scheduler and push
-## worker classes, every scenario through the plugin and through vLLM's own connector.
-test-vllm: vllm
+## worker classes, every scenario through the plugin and through vLLM's own connector;
+## mypy over the vLLM suites first.
+test-vllm: vllm mypy-vllm
 	cd bindings/python/tests_vllm && ../../../.venv-vllm/bin/python -m pytest -q
 
 ## End to end over real NIXL: a P and a D engine, each in its own process with vLLM 0.33.0's

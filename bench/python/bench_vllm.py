@@ -24,6 +24,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bindings", "python", "tests_vllm"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "bindings", "python", "tests_vllm_shared"))
 
 import harness  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (  # noqa: E402

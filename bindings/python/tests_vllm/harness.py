@@ -10,13 +10,13 @@ read, with :class:`FakeNixl` in place of the NIXL agent. Worker outputs reach th
 scheduler through vLLM's ``KVOutputAggregator``, and ``Scheduler.update_from_output``
 applies them: every assert of the scheduler's runs.
 
-Test set-up only: selecting vLLM's CPU platform is done here, never in the plugin.
+The CPU platform, the tiny model and the configs come from ``vllm_cpu`` (shared with the
+end-to-end suite). Test set-up only: the plugin itself selects no platform.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import queue
 import tempfile
 import threading
@@ -26,82 +26,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import vllm.platforms as _platforms
-from vllm.platforms.cpu import CpuPlatform
-
-_platforms._current_platform = CpuPlatform()  # test set-up: no GPU here
-
-import torch  # noqa: E402
-from vllm.config import (  # noqa: E402
-    CacheConfig,
-    DeviceConfig,
-    KVTransferConfig,
-    ModelConfig,
-    SchedulerConfig,
-    VllmConfig,
-)
-from vllm.distributed.kv_transfer.kv_connector.utils import (  # noqa: E402
+import vllm_cpu  # before any connector module: selects vLLM's CPU platform
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.utils import (
     EngineTransferInfo,
     KVOutputAggregator,
     TransferTopology,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorTransferResults,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
     NixlPushConnectorWorker,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
     NixlKVConnectorStats,
 )
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-)
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request, RequestStatus  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+from vllm_cpu import BLOCK_SIZE, CONTROL, LAYERS, PLUGIN
 
-from kvdrain.vllm._settings import Settings  # noqa: E402
-from kvdrain.vllm.connector import KvdrainPushWorker  # noqa: E402
+from kvdrain.vllm._settings import Settings
+from kvdrain.vllm.connector import KvdrainPushWorker
 
-BLOCK_SIZE = 32  # the CPU attention backend wants a multiple of 32
+__all__ = ["BLOCK_SIZE", "CONTROL", "LAYERS", "PLUGIN"]
+
 NUM_BLOCKS = 64
 P_ENGINE = "engine-P"
 D_ENGINE = "engine-D"
-
-PLUGIN = "plugin"
-CONTROL = "control"
-CONNECTORS = {
-    PLUGIN: ("KvdrainPushConnector", "kvdrain.vllm.connector"),
-    CONTROL: ("NixlPushConnector", None),
-}
-
-
-def _model_dir() -> str:
-    d = Path(tempfile.gettempdir()) / "kvdrain-tests-vllm-tiny-llama"
-    d.mkdir(exist_ok=True)
-    cfg = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "num_hidden_layers": 2,
-        "vocab_size": 256,
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6,
-        "torch_dtype": "float32",
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    }
-    (d / "config.json").write_text(json.dumps(cfg))
-    return str(d)
+MODEL_ROOT = Path(tempfile.gettempdir()) / "kvdrain-tests-vllm"
 
 
 def vllm_config(
@@ -112,43 +70,20 @@ def vllm_config(
     policy: str = "fail",
     extra: dict[str, Any] | None = None,
 ) -> VllmConfig:
-    name, module = CONNECTORS[which]
-    kv = KVTransferConfig(
-        kv_connector=name,
-        kv_connector_module_path=module,
-        kv_role=role,
-        kv_buffer_device="cpu",
+    return vllm_cpu.vllm_config(
+        which,
+        model_root=MODEL_ROOT,
+        role=role,
         engine_id=D_ENGINE if role == "kv_consumer" else P_ENGINE,
-        kv_load_failure_policy=policy,
-        kv_connector_extra_config=dict(extra or {}),
+        num_blocks=NUM_BLOCKS,
+        tp=tp,
+        policy=policy,
+        extra=extra,
     )
-    model = ModelConfig(model=_model_dir(), skip_tokenizer_init=True, dtype="float32")
-    cfg = VllmConfig(
-        model_config=model,
-        cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False),
-        scheduler_config=SchedulerConfig(
-            max_model_len=4096,
-            is_encoder_decoder=False,
-            max_num_batched_tokens=4096,
-            max_num_seqs=16,
-        ),
-        device_config=DeviceConfig(device="cpu"),
-        kv_transfer_config=kv,
-    )
-    cfg.parallel_config.tensor_parallel_size = tp
-    cfg.cache_config.num_gpu_blocks = NUM_BLOCKS
-    return cfg
 
 
 def kv_cache_config() -> KVCacheConfig:
-    spec = FullAttentionSpec(
-        block_size=BLOCK_SIZE, num_kv_heads=4, head_size=16, dtype=torch.float32
-    )
-    return KVCacheConfig(
-        num_blocks=NUM_BLOCKS,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn", "model.layers.1.self_attn"], spec)],
-    )
+    return vllm_cpu.kv_cache_config(NUM_BLOCKS)
 
 
 def make_scheduler(which: str, *, tp: int = 1, policy: str = "fail", extra: dict[str, Any] | None = None) -> Scheduler:
@@ -190,6 +125,10 @@ class FakeNixl:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes]] = []
+        # Agents the transport lost: a send to one whose message starts with the prefix
+        # given raises, as NIXL's send_notif does for a peer it cannot reach.
+        self.unreachable: dict[str, bytes] = {}
+        self.refused: list[tuple[str, bytes]] = []
         self.batches: queue.Queue[dict[str, list[bytes]]] = queue.Queue()
         self.states: dict[int, str | BaseException] = {}
         self.posted: list[tuple[int, bytes]] = []
@@ -208,6 +147,10 @@ class FakeNixl:
             return {}
 
     def send_notif(self, agent: str, notif_msg: bytes) -> None:
+        prefix = self.unreachable.get(agent)
+        if prefix is not None and notif_msg.startswith(prefix):
+            self.refused.append((agent, notif_msg))
+            raise nixlRemoteDisconnectError(f"cannot reach {agent}")
         self.sent.append((agent, notif_msg))
 
     def make_prepped_xfer(self, op: str, *args: Any, notif_msg: bytes = b"") -> int:
@@ -247,6 +190,10 @@ class nixlNotFoundError(RuntimeError):  # noqa: N801 - NIXL's own exception name
 
 class nixlBackendError(RuntimeError):  # noqa: N801
     """What NIXL's status call raises for a backend failure."""
+
+
+class nixlRemoteDisconnectError(RuntimeError):  # noqa: N801
+    """What NIXL raises for an operation towards a peer it lost."""
 
 
 class Clock:
@@ -392,8 +339,11 @@ def writer_round(w: NixlPushConnectorWorker) -> None:
     if isinstance(w, KvdrainPushWorker):
         w._kvdrain_writer_round()
         return
-    # vLLM 0.33's writer thread does exactly this with each batch (its loop step 4),
-    # after draining its inboxes; the registration inbox only queues PUSH_REG sends.
+    # vLLM 0.33's writer thread sends the queued registrations (its loop step 1), then
+    # does exactly this with each batch (its loop step 4).
+    while not w._reg_send_inbox.empty():
+        rid, reg = w._reg_send_inbox.get_nowait()
+        w._send_registration_to_p(rid, reg)
     for notifs in w.nixl_wrapper.get_new_notifs().values():
         for notif in notifs:
             if not notif.startswith(b"PUSH_REG:"):
@@ -424,10 +374,11 @@ class DecodeEngine:
         policy: str = "fail",
         settings: Settings | None = None,
         p_agents: dict[tuple[int, int], str] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         self.which = which
         self.clock = Clock()
-        self.scheduler = make_scheduler(which, tp=tp, policy=policy)
+        self.scheduler = make_scheduler(which, tp=tp, policy=policy, extra=extra)
         cfg = self.scheduler.vllm_config
         agents = p_agents or {(0, r): f"P{r}" for r in range(p_tp)}
         self.workers = [
@@ -455,7 +406,7 @@ class DecodeEngine:
     # -- scheduler -------------------------------------------------------------------- #
 
     def free_blocks(self) -> int:
-        return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+        return int(self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
 
     def add(self, req: Request) -> None:
         self.scheduler.add_request(req)

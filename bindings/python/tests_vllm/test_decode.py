@@ -341,7 +341,7 @@ def test_expiry_fails_the_request_and_quarantines_its_blocks(which: str) -> None
     e = engine(which, tp=1, p_tp=1)
     total = registered(e, "r", p_tp=1)
     blocks = request_blocks(e, "r")
-    e.scheduler.connector.connector_scheduler._push_registration_timeout = 0.0  # type: ignore[union-attr]
+    e.scheduler.connector.connector_scheduler._push_registration_timeout = 0.0
     e.clock.advance_ms(DEADLINE_MS)
     s = e.step()
     assert s.error is None
@@ -424,6 +424,70 @@ def test_producer_lost_mid_write_settles_then_frees(which: str) -> None:
     no_double_reports(e)
 
 
+@BOTH
+def test_heartbeat_to_a_lost_producer_fails_then_settles(which: str) -> None:
+    """P TP2 -> D TP1: rank 0's write landed, then P rank 1's agent cannot be reached:
+    the heartbeat D sends it (vLLM's ``HB:``, every step with a 2 s lease) raises in
+    ``send_notif``. The plugin reports the agent gone: the request fails in that step
+    and its blocks settle like after a failure notice, then come back once. vLLM 0.33
+    logs the failed heartbeat and the request waits for ever."""
+    e = engine(which, tp=1, p_tp=2, extra={"kv_lease_duration": 2})
+    total = registered(e, "r", p_tp=2)
+    nixl = e.workers[0].nixl_wrapper
+    assert any(m.startswith(b"HB:") for _, m in nixl.sent)  # heartbeats go out
+    s = e.step({0: {"P0": [completion("r", 2)]}})
+    assert s.error is None and s.finished_recving == set()
+    nixl.unreachable["P1"] = b"HB:"
+    s = e.step()
+    assert s.error is None
+    assert any(a == "P1" and m.startswith(b"HB:") for a, m in nixl.refused)
+    if which == CONTROL:
+        e.clock.advance_ms(10 * SETTLE_MS)
+        wait_steps(e, 3)
+        assert e.status("r") == RequestStatus.WAITING_FOR_REMOTE_KVS
+        assert e.free_blocks() == total - BLOCKS
+        return
+    assert e.status("r") == RequestStatus.FINISHED_ERROR
+    assert e.workers[0].kvdrain_counters()["gone_edges"] == 1
+    e.clock.advance_ms(SETTLE_MS - 1)
+    wait_steps(e, 2)
+    assert e.free_blocks() == total - BLOCKS  # bytes P1 had sent may still land
+    e.clock.advance_ms(1)
+    s = e.step()
+    assert s.finished_recving == {"r"} and s.failed_recving == {"r"}
+    assert e.free_blocks() == total
+    no_double_reports(e)
+
+
+@BOTH
+def test_push_reg_to_a_lost_producer_fails_then_settles(which: str) -> None:
+    """The PUSH_REG cannot be sent to P's agent (``send_notif`` raises on the writer
+    thread). The plugin reports the agent gone: the request fails in the step that
+    tried, and its blocks settle, then come back. vLLM 0.33 logs the failure and keeps
+    the receive waiting (an earlier registration might still bring writes)."""
+    e = engine(which, tp=1, p_tp=1)
+    total = e.free_blocks()
+    nixl = e.workers[0].nixl_wrapper
+    nixl.unreachable["P0"] = b"PUSH_REG:"
+    e.add(d_request("r", p_tp=1))
+    s = e.step()
+    assert s.error is None
+    assert [a for a, m in nixl.refused if m.startswith(b"PUSH_REG:")] == ["P0"]
+    if which == CONTROL:
+        e.clock.advance_ms(10 * SETTLE_MS)
+        wait_steps(e, 3)
+        assert e.status("r") == RequestStatus.WAITING_FOR_REMOTE_KVS
+        assert e.free_blocks() == total - BLOCKS
+        return
+    assert e.status("r") == RequestStatus.FINISHED_ERROR
+    assert e.free_blocks() == total - BLOCKS
+    e.clock.advance_ms(SETTLE_MS)
+    s = e.step()
+    assert s.finished_recving == {"r"} and s.failed_recving == {"r"}
+    assert e.free_blocks() == total
+    no_double_reports(e)
+
+
 # -- mixed fleet: plugin D, plain 0.33 P ------------------------------------------------ #
 
 
@@ -471,4 +535,4 @@ def test_the_plugin_is_what_vllm_loaded() -> None:
 
     e = engine(PLUGIN)
     assert type(e.scheduler.connector) is KvdrainPushConnector
-    assert type(e.scheduler.connector.connector_scheduler) is KvdrainPushScheduler  # type: ignore[union-attr]
+    assert type(e.scheduler.connector.connector_scheduler) is KvdrainPushScheduler

@@ -16,6 +16,7 @@ import torch
 from harness import (
     BLOCK_SIZE,
     CONTROL,
+    LAYERS,
     NUM_BLOCKS,
     P_ENGINE,
     PLUGIN,
@@ -38,8 +39,6 @@ from vllm.distributed.parallel_state import (
 )
 
 from kvdrain.vllm.connector import KvdrainPushConnector, KvdrainPushWorker
-
-LAYERS = ["model.layers.0.self_attn", "model.layers.1.self_attn"]
 
 
 @pytest.fixture(scope="module")

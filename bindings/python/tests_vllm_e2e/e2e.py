@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 HERE = Path(__file__).resolve().parent
+SHARED = HERE.parent / "tests_vllm_shared"  # vllm_cpu, shared with tests_vllm/
 
 # UCX over TCP on loopback only, or UCX's own choice on one host (RMA over CMA, active
 # messages over shared memory): no UCX_* transport setting at all.
@@ -56,7 +57,7 @@ class EngineProc:
         env.update(
             VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
             KVDRAIN_E2E_DIR=str(workdir),
-            PYTHONPATH=os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]),
+            PYTHONPATH=os.pathsep.join([str(HERE), str(SHARED), env.get("PYTHONPATH", "")]),
             VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "WARNING"),
         )
         self.log_path = workdir / f"{engine_id}.log"

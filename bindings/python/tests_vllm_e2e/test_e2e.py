@@ -200,6 +200,10 @@ class Run:
         told = {rid: d["told"].get(rid, []) for rid in self.rids}
         counters = d["counters"]
         before_c = b["D"]["counters"]
+
+        def delta(name: str) -> int:
+            return int(counters.get(name, 0)) - int(before_c.get(name, 0))
+
         line = {
             "scenario": self.scenario,
             "p": self.P.engine_id,
@@ -208,7 +212,20 @@ class Run:
             "requests": len(self.rids),
             "completed": sum(1 for s in states.values() if s == "completed"),
             "failed": sum(1 for s in states.values() if s == "failed"),
-            "expired": counters.get("expired", 0) - before_c.get("expired", 0),
+            "expired": delta("expired"),
+            # Edges the plugin's ledger failed because their producer was seen gone.
+            "gone_edges": delta("gone_edges"),
+            # What made the plugin D's failure decisions in this run (its ledger's
+            # counters; empty for vLLM's D, which decides none).
+            "decided_by": [
+                cause
+                for cause, n in (
+                    ("PUSH_FAIL", delta("failure_notices")),
+                    ("deadline", delta("expired")),
+                    ("gone", delta("gone_edges")),
+                )
+                if n > 0
+            ],
             "unresolved": sorted(rid for rid, s in states.items() if s in ("waiting", "aborted")),
             "blocks_held": sorted(rid for rid in self.rids if rid in d["held"]),
             "bytes_checked": d["bytes_checked"] - b["D"]["bytes_checked"],
@@ -458,8 +475,11 @@ def test_mixed_plugin_p_plain_d(engines: Engines) -> None:
 @pytest.mark.parametrize("fleet", ["plugin", "control"])
 def test_producer_killed_mid_write(engines: Engines, fleet: str) -> None:
     """P posts the WRITE (its bytes land, its notice held in the handle) and is killed.
-    The plugin D's deadline fails the request, the blocks stay fenced for the
-    quarantine, and come back once. vLLM's D waits for a notice that cannot come."""
+    D's next heartbeat to P's agent cannot be sent: the plugin D reports the agent gone,
+    the ledger fails the request at once (the scheduler sees its blocks invalid), keeps
+    the blocks for ``settle_ms`` (bytes P had handed to UCX may still land), then
+    releases them once; all well before the deadline. vLLM's D logs the failed
+    heartbeat and waits for a notice that cannot come."""
     run = Run(engines, "p_killed", *FLEETS[fleet])
     i = _index()
     rid = f"p_killed-{fleet}-{i}"
@@ -468,11 +488,23 @@ def test_producer_killed_mid_write(engines: Engines, fleet: str) -> None:
     run.D.call("recv", rid=rid, index=i, n_blocks=N_BLOCKS, p_engine=run.P.engine_id, p_port=run.P.port)
     run.P.call("send", rid=rid, index=i, n_blocks=N_BLOCKS)
     assert run.until(lambda: run.P.call("fault")["posted"].get(rid, 0) > 0)
+    killed_at = time.monotonic()
     run.P.kill()
     if fleet == "plugin":
         assert run.until(resolved(run, rid))
-        line = run.finish()
+        told_at = run.d()["told_at"][rid]
+        line = run.finish(
+            decision_s=round(told_at[0] - killed_at, 3),
+            released_s=round(told_at[-1] - killed_at, 3),
+        )
         assert line["told"][rid] == ["invalid_blocks", "failed_recving"]
+        assert line["decided_by"] == ["gone"] and line["gone_edges"] == 1
+        # UCX reports the disconnect to the next send a moment after the kill (about 2 s
+        # here); the deadline is 6 s.
+        assert line["decision_s"] < DEADLINE_MS / 1000 - 1
+        # Released after settling (the engines' steps add their pace to the bound).
+        assert line["released_s"] - line["decision_s"] >= SETTLE_MS / 1000 - 0.05
+        assert line["released_s"] < DEADLINE_MS / 1000
         assert line["violations"] == [] and line["told_once"]
     else:
         assert not run.until(lambda: bool(run.told(rid)), HANG_S)

@@ -30,9 +30,13 @@ Decode side (one ledger per worker, that is per TP rank):
     so vLLM's own failure path names it in ``finished_recving`` and ``failed_recving``
     exactly once on this rank, and the scheduler frees the blocks when every rank has.
 
-* a producer engine vLLM evicts (``_cleanup_remote_engine``) is reported to the ledger
-  with ``gone(agent)`` for each of its agents: its outstanding named edges settle like a
-  failure notice (the bytes of a lost producer can still land for a while).
+* a producer agent the transport shows lost is reported to the ledger with
+  ``gone(agent)`` on the next engine step: a heartbeat (``HB:``) or ``PUSH_REG`` that
+  ``send_notif`` could not send to it (vLLM 0.33 logs these and goes on), or an engine
+  vLLM evicts (``_cleanup_remote_engine``, each of its agents). Its outstanding named
+  edges fail at once and their blocks settle like a failure notice's (the bytes of a
+  lost producer can still land for a while); the ledger decides, the plugin only
+  reports.
 
 Prefill side (per worker): one :class:`kvdrain.PushPlan` per request. A WRITE that cannot
 be posted, or that ends in a backend error, owes one ``PUSH_FAIL:REQ:TP`` to the consumer
@@ -52,6 +56,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
@@ -239,6 +244,9 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         self._kvdrain_held: dict[str, int] = {}
         # PUSH_FAILs owed by this step's polls, sent once vLLM's lock is released.
         self._kvdrain_owed: list[tuple[str, bytes]] = []
+        # D side: producer agents a send to failed, from the writer thread (PUSH_REG)
+        # or the engine thread (heartbeats); the engine step reports them to the ledger.
+        self._kvdrain_lost: queue.Queue[tuple[str, str]] = queue.Queue()
         logger.info(
             "kvdrain: ledger on TP rank %d (deadline_ms=%d, quarantine_ms=%d, "
             "settle_ms=%d, capacity=%d)",
@@ -340,12 +348,75 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
                 self._recving_transfers.setdefault(rid, [])
         for d in others:
             self._kvdrain_apply(d)
+        # After the poll: a notice the writer thread counted before the loss stands.
+        self._kvdrain_take_lost()
         for d in self.kvdrain_ledger.advance(self.kvdrain_now_ms()):
             self._kvdrain_apply(d)
         if self._kvdrain_fed:
             self._kvdrain_fed = False
             self._kvdrain_count_notices()
         return set()
+
+    def kvdrain_producer_lost(self, agent: str, why: str) -> None:
+        """Reports that the transport lost producer agent ``agent`` (``why``: what
+        failed). Any thread may call it; the next engine step tells the ledger
+        (``gone``)."""
+        self._kvdrain_lost.put((agent, why))
+
+    def _kvdrain_take_lost(self) -> None:
+        """Engine thread: every producer agent reported lost since the last step goes to
+        the ledger as ``gone``, the clock brought to now first so the settling counts
+        from the report."""
+        lost: dict[str, str] = {}
+        for agent, why in _drain(self._kvdrain_lost):
+            lost.setdefault(agent, why)
+        if not lost:
+            return
+        for d in self.kvdrain_ledger.advance(self.kvdrain_now_ms()):
+            self._kvdrain_apply(d)
+        for agent, why in lost.items():
+            decisions = self.kvdrain_ledger.gone(agent)
+            if decisions:
+                logger.warning(
+                    "kvdrain: producer agent %s lost (%s); %d receive(s) from it fail now "
+                    "and their blocks settle",
+                    agent,
+                    why,
+                    sum(1 for d in decisions if d.kind == "failed"),
+                )
+            for d in decisions:
+                self._kvdrain_apply(d)
+
+    def _send_heartbeats(self, metadata: NixlConnectorMetadata) -> None:
+        # vLLM 0.33's own loop (the base worker's), except that a heartbeat that
+        # send_notif cannot send reports its producer agent lost; vLLM only logs it at
+        # debug level and goes on.
+        for engine_id, hb_info in metadata.heartbeat_by_engine.items():
+            pending = self._ensure_handshake(
+                engine_id,
+                hb_info.host,
+                hb_info.port,
+                hb_info.tp_size,
+                hb_info.dcp_size,
+                hb_info.pp_size,
+                self._hb_handshake_notif_only and hb_info.pp_size > 1,
+            )
+            if pending is not None:
+                continue  # the handshake is still pending
+            self._engine_last_active[engine_id] = time.perf_counter()
+            hb_msg = ("HB:" + ",".join(hb_info.req_ids)).encode()
+            with self._handshake_lock:
+                agents = list(self._remote_agents[engine_id].values())
+            for agent_name in agents:
+                try:
+                    self.nixl_wrapper.send_notif(agent_name, notif_msg=hb_msg)
+                except Exception as e:
+                    logger.debug(
+                        "Failed to send heartbeat to engine %s", engine_id, exc_info=True
+                    )
+                    name = _agent_name(agent_name)
+                    if name is not None:
+                        self.kvdrain_producer_lost(name, f"heartbeat not sent: {e}")
 
     def _kvdrain_apply(self, d: Decision) -> None:
         rid = d.request_id
@@ -413,14 +484,11 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         with self._handshake_lock:
             agents = [_agent_name(a) for a in self._remote_agents.get(engine_id, {}).values()]
         super()._cleanup_remote_engine(engine_id, log_eviction=log_eviction)
-        # The clock first, so the lost producer's settling counts from now.
-        for d in self.kvdrain_ledger.advance(self.kvdrain_now_ms()):
-            self._kvdrain_apply(d)
+        # vLLM evicts from the engine thread or, through a handshake's TTL scan, from
+        # the writer thread: the next engine step tells the ledger.
         for agent in agents:
-            if agent is None:
-                continue
-            for d in self.kvdrain_ledger.gone(agent):
-                self._kvdrain_apply(d)
+            if agent is not None:
+                self.kvdrain_producer_lost(agent, f"engine {engine_id} evicted")
 
     def kvdrain_counters(self) -> dict[str, int]:
         """The ledger's counters (every ingest and decision count, by name)."""
@@ -466,6 +534,38 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
                 self._handle_push_reg_notif(notif)
             else:
                 self._pending_completion_notifs.put(notif)
+
+    def _do_send_reg_notif(self, req_id: str, reg_data: dict[str, Any]) -> None:
+        # vLLM 0.33's own send (the push worker's), except that a PUSH_REG that
+        # send_notif cannot send reports its producer agent lost; vLLM logs it and keeps
+        # the receive waiting.
+        engine_id = reg_data["remote_engine_id"]
+        notif_msg = PUSH_REG_NOTIF_PREFIX + msgspec.msgpack.encode(reg_data)
+        with self._handshake_lock:
+            agents = dict(self._remote_agents.get(engine_id) or {})
+        if not agents:
+            logger.error(
+                "No remote agents for engine %s; cannot send registration for %s",
+                engine_id,
+                req_id,
+            )
+            self.xfer_stats.record_failed_notification()
+            self._failed_recv_reqs.put(req_id)
+            return
+        for rank, agent_name in agents.items():
+            try:
+                self.nixl_wrapper.send_notif(agent_name, notif_msg=notif_msg)
+            except Exception as e:
+                self._log_failure(
+                    failure_type="push_reg_notif_failed",
+                    req_id=req_id,
+                    error=e,
+                    remote_rank=rank,
+                )
+                self.xfer_stats.record_failed_notification()
+                name = _agent_name(agent_name)
+                if name is not None:
+                    self.kvdrain_producer_lost(name, f"PUSH_REG not sent: {e}")
 
     # -- P side ----------------------------------------------------------------------- #
 
