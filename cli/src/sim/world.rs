@@ -282,10 +282,10 @@ impl World {
     }
 
     /// The earliest time a decode rank's driver has work due, after now.
-    fn next_wakeup(&self) -> Option<Millis> {
+    fn next_wakeup(&mut self) -> Option<Millis> {
         self.consumers
-            .iter()
-            .filter_map(|c| c.driver.next_wakeup_ms())
+            .iter_mut()
+            .filter_map(|c| c.driver.engine().next_wakeup_ms())
             .min()
             .map(|at| at.max(self.now + 1))
     }
