@@ -31,9 +31,18 @@
 //!   [`fence_producer`](ConsumerEngine::fence_producer), which releases without settling,
 //!   is only for a transport that can prove nothing more of the producer's can land.
 //!
-//! Drive it with [`ConsumerDriver::poll`] (transport and monotonic time in), then take
-//! [`ConsumerDriver::poll_event`] until `None`; [`ConsumerDriver::next_wakeup`] says
-//! when the next poll has work if no notification comes first.
+//! The driver hands out two halves and keeps only what needs both: [`ConsumerIngest`]
+//! (notifications in) and [`ConsumerEngine`] (everything else). On one thread, drive it
+//! with [`ConsumerDriver::poll`] (transport and monotonic time in), then take
+//! [`ConsumerEngine::poll_event`] from [`ConsumerDriver::engine`] until `None`;
+//! [`ConsumerEngine::next_wakeup`] says when the next poll has work if no notification
+//! comes first. On two, [`ConsumerDriver::split`]: the ingest thread drains and ingests,
+//! the engine thread calls [`ConsumerEngine::poll`] when the ingest half decided a request
+//! or at the next wakeup, whichever comes first.
+//!
+//! A transport whose drain fails leaves the rest of the round done: the poll reports the
+//! [`DrainError`] after lost producers were reported, the clock advanced (deadlines,
+//! quarantines and settle ends decided) and heartbeats sent.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -187,7 +196,7 @@ pub struct PushRequest<'a> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum EdgeMode {
     /// Named edges when every producer of the rank is named and they fit `E`; vLLM's
-    /// count otherwise (the default: [`ConsumerDriver::register`]).
+    /// count otherwise (the default: [`ConsumerEngine::register`]).
     #[default]
     Named,
     /// vLLM's count (`pp × max(1, P_tp / D_tp)`) even when every producer is named: for
@@ -318,11 +327,16 @@ struct IngestState {
 /// The consumer driver of one D rank. `N`: requests tracked at once (a power of two); `E`:
 /// named producers per request.
 ///
-/// On one thread, call [`poll`](Self::poll) (or [`ingest`](Self::ingest) per notification)
-/// and the engine methods. On two, [`split`](Self::split) it after adding the producer
-/// engines: the [`ConsumerIngest`] half feeds notifications from the thread that drains
-/// them, lock-free, and the [`ConsumerEngine`] half does everything else on the engine
-/// thread (the core's `Ledger::split`).
+/// It owns the state and hands out its two halves; it does not repeat their methods. The
+/// [`ConsumerIngest`] half feeds notifications into the core, lock-free; the
+/// [`ConsumerEngine`] half does everything else (registration, aborts, lost producers,
+/// clock, heartbeats, decisions, when to wake next). On two threads,
+/// [`split`](Self::split) it after adding the producer engines: the ingest half goes to the
+/// thread that drains notifications (the core's `Ledger::split`). On one thread, take the
+/// engine half with [`engine`](Self::engine) where it is needed, and let
+/// [`poll`](Self::poll) drain, ingest and run the engine's round in one call. What the
+/// driver keeps for itself needs the whole of it: adding producer engines (before a
+/// split), that one-thread round, and the counters of both halves.
 #[derive(Debug)]
 pub struct ConsumerDriver<const N: usize, const E: usize = 8> {
     ledger: Box<Ledger<N, E>>,
@@ -340,8 +354,9 @@ pub struct ConsumerIngest<'a, const N: usize, const E: usize> {
     state: &'a mut IngestState,
 }
 
-/// The engine half of a split [`ConsumerDriver`]: registration, aborts, fences, clock,
-/// heartbeats, decisions.
+/// The engine half of a [`ConsumerDriver`] ([`split`](ConsumerDriver::split) for an
+/// engine thread, [`engine`](ConsumerDriver::engine) on one thread): registration, aborts,
+/// lost and fenced producers, clock, heartbeats, decisions, and when to wake next.
 #[derive(Debug)]
 pub struct ConsumerEngine<'a, const N: usize, const E: usize> {
     engine: Engine<'a, N, E>,
@@ -406,7 +421,11 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         )
     }
 
-    fn engine(&mut self) -> ConsumerEngine<'_, N, E> {
+    /// The engine half alone, for a caller on one thread: registration, aborts, lost
+    /// producers, clock, decisions and when to wake next are its methods, and this driver
+    /// does not repeat them. Build it where it is needed (it borrows the driver for as
+    /// long as it lives, and building it costs nothing).
+    pub fn engine(&mut self) -> ConsumerEngine<'_, N, E> {
         self.split().1
     }
 
@@ -442,65 +461,6 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         &self.directory
     }
 
-    /// [`ConsumerEngine::register`] on one thread.
-    ///
-    /// # Errors
-    /// As [`ConsumerEngine::register`].
-    pub fn register<T: Transport>(
-        &mut self,
-        transport: &mut T,
-        request: PushRequest<'_>,
-        now: Instant,
-    ) -> Result<Registered, ConsumerError> {
-        self.engine().register(transport, request, now)
-    }
-
-    /// [`ConsumerEngine::register_with`] on one thread.
-    ///
-    /// # Errors
-    /// As [`ConsumerEngine::register`].
-    pub fn register_with<T: Transport>(
-        &mut self,
-        transport: &mut T,
-        request: PushRequest<'_>,
-        mode: EdgeMode,
-        now: Instant,
-    ) -> Result<Registered, ConsumerError> {
-        self.engine().register_with(transport, request, mode, now)
-    }
-
-    /// [`ConsumerEngine::abort`] on one thread.
-    ///
-    /// # Errors
-    /// As [`ConsumerEngine::abort`].
-    pub fn abort(&mut self, id: &str) -> Result<Quarantined, AbortError> {
-        self.engine().abort(id)
-    }
-
-    /// [`ConsumerEngine::gone_producer`] on one thread.
-    pub fn gone_producer(&mut self, name: &str) -> u32 {
-        self.engine().gone_producer(name)
-    }
-
-    /// [`ConsumerEngine::fence_producer`] on one thread.
-    pub fn fence_producer(&mut self, name: &str) -> u32 {
-        self.engine().fence_producer(name)
-    }
-
-    /// One notification from `sender`: into the core; a decision it made is queued at
-    /// once (the per-notice step of [`poll`](Self::poll)).
-    ///
-    /// # Errors
-    /// The core's [`Ignored`] report for input that changed nothing.
-    pub fn ingest<'m>(&mut self, sender: &str, bytes: &'m [u8]) -> Result<Noticed, Ignored<'m>> {
-        let (mut ingest, mut engine) = self.split();
-        let noticed = ingest.ingest(sender, bytes);
-        if let Ok(Noticed::Decided) = noticed {
-            engine.take_ready();
-        }
-        noticed
-    }
-
     /// One round at monotonic time `now` on one thread: notifications (deciding at
     /// once), then [`ConsumerEngine::poll`].
     ///
@@ -527,71 +487,30 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         now: Instant,
         mut observe: impl for<'m> FnMut(&str, &'m [u8], Result<Noticed, Ignored<'m>>),
     ) -> Result<PollReport, DrainError> {
-        let before = self.state.events.len();
         let mut inbox = std::mem::take(&mut self.inbox);
         inbox.clear();
+        // A failed drain is reported after the round, which runs in full: what was drained
+        // before the failure is ingested, and lost producers, the clock (deadlines,
+        // quarantines, settle ends) and heartbeats do not wait for the transport to recover.
         let drained = transport.drain_notifications(&mut inbox);
+        let (mut ingest, mut engine) = self.split();
+        let before = engine.pending_events();
         for (sender, bytes) in &inbox {
-            let noticed = self.ingest(sender, bytes);
+            let noticed = ingest.ingest(sender, bytes);
+            // Decided on this thread: queued at once, in the order the notices came.
+            if let Ok(Noticed::Decided) = noticed {
+                engine.take_ready();
+            }
             observe(sender, bytes, noticed);
         }
-        let notifications = inbox.len();
+        engine.poll(transport, now);
+        let report = PollReport {
+            notifications: inbox.len(),
+            decisions: engine.pending_events() - before,
+        };
         inbox.clear();
         self.inbox = inbox;
-        self.engine().poll(transport, now);
-        let report = PollReport {
-            notifications,
-            decisions: self.state.events.len() - before,
-        };
         drained.map(|()| report)
-    }
-
-    /// [`ConsumerEngine::advance`] on one thread.
-    pub fn advance(&mut self, now: Instant) {
-        self.engine().advance(now);
-    }
-
-    /// `lease / 6` (vLLM), at least 1 ms.
-    pub fn heartbeat_interval(&self) -> Duration {
-        self.state.config.heartbeat_interval()
-    }
-
-    /// Decisions queued and not yet taken.
-    pub fn pending_events(&self) -> usize {
-        self.state.events.len()
-    }
-
-    /// The earliest monotonic time at which [`poll`](Self::poll) has work that no new
-    /// input brings: a producer whose send failed is to be reported gone (now), a heartbeat
-    /// round is due (while any request is tracked), or a core deadline, quarantine or
-    /// settling ends (a lost producer's edges settle in the core).
-    /// `None` when only new input can change anything. An engine loop (or a simulator)
-    /// may sleep until then or the next notification, whichever comes first.
-    pub fn next_wakeup(&self) -> Option<Instant> {
-        let st = &self.state;
-        let gone = (!st.send_failed.is_empty()).then_some(st.now);
-        let heartbeat =
-            (!st.inflight.is_empty()).then(|| st.last_heartbeat + self.heartbeat_interval());
-        [gone, heartbeat, self.ledger.next_timer()]
-            .into_iter()
-            .flatten()
-            .min()
-    }
-
-    /// Whether the core's table is full: a registration now would be refused
-    /// ([`RegisterErrorKind::Full`]).
-    pub fn is_full(&self) -> bool {
-        self.ledger.is_full()
-    }
-
-    /// The next decision for the engine.
-    pub fn poll_event(&mut self) -> Option<ConsumerEvent> {
-        self.state.events.pop_front()
-    }
-
-    /// Requests registered and not yet released (quarantined ones included).
-    pub fn in_flight(&self) -> usize {
-        self.state.inflight.len()
     }
 
     /// The core's counters.
@@ -836,7 +755,10 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
 
     /// One engine round at monotonic time `now`: peers whose send failed since the last
     /// round and peers the transport reports gone reported to the core (at this round's
-    /// clock), ready decisions taken, the clock advanced, heartbeats sent when due.
+    /// clock), ready decisions taken, the clock advanced, heartbeats sent when due. It does
+    /// not drain the transport: notifications come in through the ingest half (or
+    /// [`ConsumerDriver::poll`], which drains, ingests, then calls this). Call it again at
+    /// [`next_wakeup`](Self::next_wakeup) or when the ingest half decided a request.
     /// Returns the ready requests taken.
     pub fn poll<T: Transport>(&mut self, transport: &mut T, now: Instant) -> usize {
         self.state.now = self.state.now.max(now);
@@ -879,9 +801,39 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         self.state.events.pop_front()
     }
 
+    /// Decisions queued and not yet taken with [`poll_event`](Self::poll_event).
+    pub fn pending_events(&self) -> usize {
+        self.state.events.len()
+    }
+
     /// Requests registered and not yet released (quarantined ones included).
     pub fn in_flight(&self) -> usize {
         self.state.inflight.len()
+    }
+
+    /// Whether the core's table is full: a registration now would be refused
+    /// ([`RegisterErrorKind::Full`]).
+    pub fn is_full(&self) -> bool {
+        !self.engine.has_room()
+    }
+
+    /// The earliest monotonic time at which [`poll`](Self::poll) has work that no new
+    /// input brings: a producer whose send failed is to be reported gone (now), a heartbeat
+    /// round is due (while any request is tracked), or a core deadline, quarantine or
+    /// settling ends ([`Engine::next_timer`]; a lost producer's edges settle in the core).
+    /// `None` when only new input (a notification, a registration, an abort, a producer
+    /// seen gone) can change anything. An engine thread may sleep until then or until
+    /// the ingest half decides a request, whichever comes first; a loop on one thread,
+    /// until then or the next notification.
+    pub fn next_wakeup(&self) -> Option<Instant> {
+        let st = &*self.state;
+        let gone = (!st.send_failed.is_empty()).then_some(st.now);
+        let heartbeat =
+            (!st.inflight.is_empty()).then(|| st.last_heartbeat + st.config.heartbeat_interval());
+        [gone, heartbeat, self.engine.next_timer()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// `HB:` with P's request ids still waiting, per producer engine, to each of its agents.

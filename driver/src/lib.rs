@@ -42,23 +42,30 @@
 //!    source blocks of each `SourceReleased`;
 //! 4. [`retire`](producer::ProducerDriver::retire) a request the engine aborts.
 //!
-//! Consumer rank ([`consumer::ConsumerDriver`]):
+//! Consumer rank ([`consumer::ConsumerDriver`], which hands out its two halves:
+//! [`ConsumerIngest`](consumer::ConsumerIngest) for notifications and
+//! [`ConsumerEngine`](consumer::ConsumerEngine) for the rest; on one thread take the
+//! engine half with [`engine`](consumer::ConsumerDriver::engine), on two
+//! [`split`](consumer::ConsumerDriver::split) after step 1):
 //! 1. [`add_producer_engine`](consumer::ConsumerDriver::add_producer_engine) with the agent
 //!    names the transport loaded;
-//! 2. [`register`](consumer::ConsumerDriver::register) each request to be pushed into
-//!    ([`register_with`](consumer::ConsumerDriver::register_with) to ask for vLLM's
+//! 2. [`register`](consumer::ConsumerEngine::register) each request to be pushed into
+//!    ([`register_with`](consumer::ConsumerEngine::register_with) to ask for vLLM's
 //!    count instead of named edges);
-//! 3. call [`poll`](consumer::ConsumerDriver::poll) on every scheduler step (or
-//!    [`ingest`](consumer::ConsumerDriver::ingest) each notification yourself and
-//!    [`advance`](consumer::ConsumerDriver::advance) the clock); between steps, nothing is
-//!    due before [`next_wakeup`](consumer::ConsumerDriver::next_wakeup) unless a
-//!    notification arrives;
-//! 4. take [`poll_event`](consumer::ConsumerDriver::poll_event) until `None`: decode, fail,
+//! 3. on one thread, call [`poll`](consumer::ConsumerDriver::poll) on every scheduler step
+//!    (it drains, ingests and runs the engine half's round); on two, the ingest thread
+//!    drains and [`ingest`](consumer::ConsumerIngest::ingest)s each notification, and the
+//!    engine thread calls the engine half's [`poll`](consumer::ConsumerEngine::poll).
+//!    Between rounds, nothing is due before
+//!    [`next_wakeup`](consumer::ConsumerEngine::next_wakeup) unless a notification
+//!    arrives (one thread) or the ingest half decides a request (two). A failed drain
+//!    leaves the rest of the round done;
+//! 4. take [`poll_event`](consumer::ConsumerEngine::poll_event) until `None`: decode, fail,
 //!    or reuse blocks;
-//! 5. [`abort`](consumer::ConsumerDriver::abort) on client cancel;
-//!    [`gone_producer`](consumer::ConsumerDriver::gone_producer) when the control plane
+//! 5. [`abort`](consumer::ConsumerEngine::abort) on client cancel;
+//!    [`gone_producer`](consumer::ConsumerEngine::gone_producer) when the control plane
 //!    sees a producer go away (the driver does it itself for a failed send or a peer the
-//!    transport reports gone); [`fence_producer`](consumer::ConsumerDriver::fence_producer)
+//!    transport reports gone); [`fence_producer`](consumer::ConsumerEngine::fence_producer)
 //!    only when the transport proves nothing more of the producer's can land.
 //!
 //! ## Why `std`

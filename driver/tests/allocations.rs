@@ -144,6 +144,7 @@ impl Cluster {
         };
         let before = allocations();
         self.d
+            .engine()
             .register(&mut self.dt, request, self.now)
             .expect("register");
         self.d_allocs += allocations() - before;
@@ -173,7 +174,7 @@ impl Cluster {
         }
         let before = allocations();
         self.d.poll(&mut self.dt, self.now).expect("consumer poll");
-        while let Some(e) = self.d.poll_event() {
+        while let Some(e) = self.d.engine().poll_event() {
             self.decided.push(match e {
                 ConsumerEvent::Decode { .. } => "decode",
                 ConsumerEvent::Failed { .. } => "failed",

@@ -90,7 +90,7 @@ impl Cluster {
             }
         }
         self.d.poll(&mut self.dt, self.now).expect("consumer poll");
-        while let Some(e) = self.d.poll_event() {
+        while let Some(e) = self.d.engine().poll_event() {
             self.d_events.push(e);
         }
     }
@@ -130,6 +130,7 @@ impl Cluster {
 
     fn register(&mut self, d_id: &str, p_id: &str, transfer_id: Option<&str>) -> Registered {
         self.d
+            .engine()
             .register(
                 &mut self.dt,
                 PushRequest {
@@ -384,24 +385,29 @@ fn f11_a_late_copy_of_an_answered_registration_is_a_duplicate_not_f4() {
 #[test]
 fn count_mode_on_request_and_the_next_wakeup() {
     let mut c = cluster(2, 600, &[]);
-    assert_eq!(c.d.next_wakeup(), None, "nothing tracked, nothing due");
-    c.d.register_with(
-        &mut c.dt,
-        PushRequest {
-            id: "r",
-            producer_engine: P_ENGINE,
-            remote_request_id: "r",
-            transfer_id: None,
-            blocks: BlockHandle(7),
-            block_ids: vec![vec![10, 11]],
-            deadline: Some(Duration::from_millis(250)),
-        },
-        EdgeMode::Count,
-        c.now,
-    )
-    .expect("register");
+    assert_eq!(
+        c.d.engine().next_wakeup(),
+        None,
+        "nothing tracked, nothing due"
+    );
+    c.d.engine()
+        .register_with(
+            &mut c.dt,
+            PushRequest {
+                id: "r",
+                producer_engine: P_ENGINE,
+                remote_request_id: "r",
+                transfer_id: None,
+                blocks: BlockHandle(7),
+                block_ids: vec![vec![10, 11]],
+                deadline: Some(Duration::from_millis(250)),
+            },
+            EdgeMode::Count,
+            c.now,
+        )
+        .expect("register");
     // Heartbeats every 600 / 6 = 100 ms from the last round (at 0), before the deadline.
-    assert_eq!(c.d.next_wakeup(), Some(Instant::from_millis(100)));
+    assert_eq!(c.d.engine().next_wakeup(), Some(Instant::from_millis(100)));
     c.run_until(400, |c| !c.d_events.is_empty());
     assert_eq!(c.now.millis(), 250, "decided by the poll at its deadline");
     match &c.d_events[..] {
@@ -526,20 +532,21 @@ fn a_gone_says_nothing_about_requests_registered_later() {
     // deadline; the gone reported before resolves nothing of s.
     c.offer("s", None);
     let reg =
-        c.d.register(
-            &mut c.dt,
-            PushRequest {
-                id: "s",
-                producer_engine: P_ENGINE,
-                remote_request_id: "s",
-                transfer_id: None,
-                blocks: BlockHandle(7),
-                block_ids: vec![vec![10, 11]],
-                deadline: Some(Duration::from_millis(300)),
-            },
-            c.now,
-        )
-        .expect("register");
+        c.d.engine()
+            .register(
+                &mut c.dt,
+                PushRequest {
+                    id: "s",
+                    producer_engine: P_ENGINE,
+                    remote_request_id: "s",
+                    transfer_id: None,
+                    blocks: BlockHandle(7),
+                    block_ids: vec![vec![10, 11]],
+                    deadline: Some(Duration::from_millis(300)),
+                },
+                c.now,
+            )
+            .expect("register");
     assert_eq!(reg.unreached, ["p1"]);
     assert_eq!(c.d.counters().gones, 1);
     c.run_until(400, |c| c.d_events.len() >= 2);
@@ -722,7 +729,7 @@ fn f7_stale_peer_metadata_is_refreshed_only_when_nothing_to_it_is_unfinished() {
             c.now += Duration::from_millis(1);
             p.tick(t, c.now).expect("tick");
             c.d.poll(&mut c.dt, c.now).expect("poll");
-            while let Some(e) = c.d.poll_event() {
+            while let Some(e) = c.d.engine().poll_event() {
                 c.d_events.push(e);
             }
         };

@@ -159,16 +159,22 @@ pub fn run(
         .map_err(|e| e.to_string())?;
     // The deadline counts from now, not from the process start. The PUSH_REG it sends
     // goes to P, which ignores notifications.
-    consumer
-        .register(PushRequest {
-            id: REQUEST_ID,
-            producer_engine: P_ENGINE,
-            remote_request_id: REQUEST_ID,
-            transfer_id: None,
-            blocks: BlockHandle(0),
-            block_ids: vec![Vec::new()],
-            deadline: None,
-        })
+    let now = consumer.now();
+    let (mut engine, mut nixl) = consumer.engine();
+    engine
+        .register(
+            &mut nixl,
+            PushRequest {
+                id: REQUEST_ID,
+                producer_engine: P_ENGINE,
+                remote_request_id: REQUEST_ID,
+                transfer_id: None,
+                blocks: BlockHandle(0),
+                block_ids: vec![Vec::new()],
+                deadline: None,
+            },
+            now,
+        )
         .map_err(|e| format!("register: {e}"))?;
     let watch = Watch::start(
         Arc::clone(&pages),
@@ -205,7 +211,7 @@ pub fn run(
         // What the round saw, from the counters. A failure notice decided the request
         // when it was drained (the event `failed` marked); one that came after another
         // event is noted now.
-        if notice_us.is_none() && consumer.core_counters().ingest.failure_notices > 0 {
+        if notice_us.is_none() && consumer.driver().core_counters().ingest.failure_notices > 0 {
             notice_us = match (seen.event, seen.event_us) {
                 ("notice", Some(at)) => Some(at),
                 _ => Some(now_us()),
@@ -213,7 +219,7 @@ pub fn run(
         }
         // When D learned P is gone: after the round whose heartbeat failed, before the
         // next round reports it to the core.
-        if disconnect_us.is_none() && consumer.counters().disconnects > 0 {
+        if disconnect_us.is_none() && consumer.driver().counters().disconnects > 0 {
             disconnect_us = Some(seen.event_at("disconnect"));
         }
         let now = now_us();

@@ -5,14 +5,23 @@
 //! and lost producers, fences) is the driver's; this file loads metadata, moves bytes, reads the
 //! clock and measures notification → decision latency.
 //!
+//! It does not wrap the driver's methods: registration, aborts and lost producers are the
+//! driver's engine half ([`ConsumerEngine`]), handed out with the NIXL transport it sends
+//! through ([`Consumer::engine`], [`EngineSide::engine`]); counters are the driver's
+//! ([`Consumer::driver`]). What is the glue's own: the agent and its metadata, the clock,
+//! the round that times each decision, handing decisions to [`BlockRelease`] ([`deliver`]),
+//! and the pump thread.
+//!
 //! Two ways to run it: [`Consumer::poll`] drains and decides on the caller's thread;
 //! [`Consumer::with_pump_thread`] starts a pump thread that drains NIXL notifications into
 //! the driver's lock-free ingest half while the caller's thread is the engine thread
-//! ([`EngineSide`]: registrations, aborts, fences, clock, heartbeats, decisions) — the
+//! ([`EngineSide`]: the engine half, its rounds, and waiting for the next one) — the
 //! design the core was built and loom-checked for (`Ledger::split`). The pump wakes the
 //! engine thread (`Thread::unpark`) after every batch that decided a request, so an engine
-//! loop with nothing else to do waits in [`EngineSide::wait`] instead of spinning or
-//! sleeping, and pulls each decision as soon as it is published.
+//! loop with nothing else to do waits in [`EngineSide::wait`] — until that wake-up or the
+//! engine half's next wakeup (a heartbeat, a deadline, a settle or quarantine end) —
+//! instead of spinning or sleeping a guessed timeout, and pulls each decision as soon as
+//! it is published.
 //!
 //! Latency, per deciding notification: [`Consumer::ingest_latency`] (drained → decided in
 //! the ingest half), [`Consumer::handoff_latency`] (decided → pulled by the engine thread)
@@ -22,16 +31,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
-use kvdrain::{AbortError, BlockHandle, Noticed, Outstanding, Quarantined};
-use kvdrain_driver::consumer::{ConsumerDriver, ConsumerEngine, ConsumerEvent};
+use kvdrain::{BlockHandle, Noticed, Outstanding};
+use kvdrain_driver::consumer::{ConsumerDriver, ConsumerEvent};
 
 use crate::agent::{AgentError, UcxAgent};
 use crate::metrics::Latency;
 use crate::transport::NixlConsumerTransport;
 
 pub use kvdrain_driver::consumer::{
-    ConsumerConfig, ConsumerCounters, PollReport, ProducerEngine, PushRequest, PushedRequest,
-    Registered,
+    ConsumerConfig, ConsumerCounters, ConsumerEngine, EdgeMode, PollReport, ProducerEngine,
+    PushRequest, PushedRequest, Registered,
 };
 
 /// The engine's side of the decisions: where blocks go.
@@ -74,6 +83,8 @@ pub struct Consumer<const N: usize, const E: usize = 8> {
     latency: Latency,
     ingest_latency: Latency,
     handoff_latency: Latency,
+    /// When each deciding notice of the current [`poll`](Self::poll) was decided.
+    decided_at: Vec<Instant>,
     // Last: dropped after everything that refers to its remote agents.
     agent: UcxAgent,
 }
@@ -87,6 +98,7 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
             latency: Latency::default(),
             ingest_latency: Latency::default(),
             handoff_latency: Latency::default(),
+            decided_at: Vec::new(),
             agent,
         }
     }
@@ -96,11 +108,16 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
         &self.agent
     }
 
-    /// The driver's clock: ms since `epoch` (where this side reads its clock).
-    fn now(&self) -> kvdrain::Instant {
-        kvdrain::Instant::from_millis(
-            u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX),
-        )
+    /// The clock the driver runs on: ms since this consumer was made (monotonic), as the
+    /// drivers' [`Instant`](kvdrain::Instant). Read it before taking the
+    /// [`engine`](Self::engine) half, which borrows the consumer.
+    pub fn now(&self) -> kvdrain::Instant {
+        kvdrain::Instant::from_millis(ms_since(self.epoch))
+    }
+
+    /// The driver (its counters, the core's counters, its configuration).
+    pub fn driver(&self) -> &ConsumerDriver<N, E> {
+        &self.driver
     }
 
     /// Loads the metadata of every rank of a producer engine (notification-only, as vLLM's
@@ -121,86 +138,59 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
         Ok(self.driver.add_producer_engine(engine)?)
     }
 
-    /// Tracks `request` in the core, then sends `PUSH_REG` to every agent of its producer
-    /// engine.
+    /// The driver's engine half on this thread, with the NIXL transport it sends through:
+    /// [`register`](ConsumerEngine::register) a request (at [`now`](Self::now)),
+    /// [`abort`](ConsumerEngine::abort) one,
+    /// [`gone_producer`](ConsumerEngine::gone_producer) when the control plane saw a
+    /// producer go away (died, connection reset, metadata invalidated: its edges fail at
+    /// once and settle, since bytes it had handed to UCX keep landing),
+    /// [`fence_producer`](ConsumerEngine::fence_producer) only when NIXL proves nothing
+    /// more of it can land. The decisions these queue reach [`BlockRelease`] at the next
+    /// [`poll`](Self::poll), or at once through [`deliver`].
+    pub fn engine(&mut self) -> (ConsumerEngine<'_, N, E>, NixlConsumerTransport<'_>) {
+        (
+            self.driver.engine(),
+            NixlConsumerTransport::new(&self.agent),
+        )
+    }
+
+    /// One round on this thread ([`ConsumerDriver::poll`]): notifications (deciding at
+    /// once, latency measured from the drain), lost producers, clock, heartbeats; then
+    /// the decisions go to `release`.
     ///
     /// # Errors
-    /// [`ConsumerError::Driver`] (with the blocks, if the core refused); nothing was sent.
-    pub fn register(&mut self, request: PushRequest<'_>) -> Result<Registered, ConsumerError> {
-        let now = self.now();
-        let mut transport = NixlConsumerTransport {
-            agent: &self.agent,
-            drain_error: None,
-        };
-        Ok(self.driver.register(&mut transport, request, now)?)
-    }
-
-    /// The engine gives up on request `id`: over for the client now, heartbeats stop, its
-    /// blocks come back through [`BlockRelease::release`] once no write can land.
-    ///
-    /// # Errors
-    /// [`AbortError`] if the request is unknown or already decided.
-    pub fn abort(&mut self, id: &str) -> Result<Quarantined, AbortError> {
-        self.driver.abort(id)
-    }
-
-    /// The control plane saw producer agent `name` go away (died, connection reset,
-    /// metadata invalidated): report it gone to the core now; its edges fail at once and
-    /// their blocks settle for `settle_ms`, since bytes it had already handed to UCX keep
-    /// landing. Returns the edges resolved.
-    pub fn gone_producer(&mut self, name: &str, release: &mut impl BlockRelease) -> u32 {
-        let resolved = self.driver.gone_producer(name);
-        self.deliver(release);
-        resolved
-    }
-
-    /// The transport proves that producer agent `name` can no longer write here (nothing
-    /// of it in flight, none of it can land): fence it in the core now, without settling.
-    /// A peer merely seen gone is [`gone_producer`](Self::gone_producer). Returns the edges
-    /// resolved.
-    pub fn fence_producer(&mut self, name: &str, release: &mut impl BlockRelease) -> u32 {
-        let resolved = self.driver.fence_producer(name);
-        self.deliver(release);
-        resolved
-    }
-
-    /// One round: notifications (deciding at once, latency measured), fences, clock,
-    /// heartbeats.
-    ///
-    /// # Errors
-    /// [`AgentError`] if draining notifications failed (nothing was lost from the core).
+    /// [`AgentError`] if draining notifications failed (nothing was lost from the core);
+    /// the rest of the round ran and its decisions were delivered.
     pub fn poll(&mut self, release: &mut impl BlockRelease) -> Result<PollReport, AgentError> {
-        let batch = self.agent.drain_notifications()?;
-        let received = Instant::now();
-        for (sender, bytes) in &batch {
-            if let Ok(Noticed::Decided) = self.driver.ingest(sender, bytes) {
-                self.latency.record(received.elapsed());
+        let now = self.now();
+        let mut transport = NixlConsumerTransport::new(&self.agent);
+        let decided_at = &mut self.decided_at;
+        decided_at.clear();
+        let polled = self
+            .driver
+            .poll_observed(&mut transport, now, |_, _, noticed| {
+                if let Ok(Noticed::Decided) = noticed {
+                    decided_at.push(Instant::now());
+                }
+            });
+        // Each decision timed from the drain's return, as the pump thread does.
+        if let Some(drained) = transport.drained_at {
+            for &at in &self.decided_at {
+                self.latency.record(at.duration_since(drained));
             }
         }
-        let decided_by_notices = self.pending_events();
-        let now = self.now();
-        let mut transport = NixlConsumerTransport {
-            agent: &self.agent,
-            drain_error: None,
-        };
-        let polled = self.driver.poll(&mut transport, now);
         let drain_error = transport.drain_error.take();
-        let mut report = match polled {
-            Ok(report) => report,
-            Err(_) => return Err(drain_error.unwrap_or_else(|| self.drain_failed())),
-        };
-        report.notifications += batch.len();
-        report.decisions += decided_by_notices;
-        self.deliver(release);
-        Ok(report)
+        deliver(&mut self.driver.engine(), release);
+        // The round ran in full and its decisions are delivered; then the drain's failure.
+        polled.map_err(|_| drain_error.unwrap_or_else(|| drain_failed(&self.agent)))
     }
 
     /// Runs `body` as the engine thread while a pump thread drains NIXL notifications into
     /// the driver's ingest half (no lock between them); the pump stops when `body` returns
     /// (or panics). Notification → decision latency is measured from the pump's drain to
     /// the engine thread taking the decision, and split at the decision point. After each
-    /// batch that decided a request the pump unparks the thread that called this (the
-    /// engine thread): [`EngineSide::wait`] returns.
+    /// batch that decided a request, and when it stops on a drain error, the pump unparks
+    /// the thread that called this (the engine thread): [`EngineSide::wait`] returns.
     pub fn with_pump_thread<R>(&mut self, body: impl FnOnce(&mut EngineSide<'_, N, E>) -> R) -> R {
         let stop = AtomicBool::new(false);
         let pump_error = Mutex::new(None);
@@ -219,6 +209,8 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
                         Ok(batch) => batch,
                         Err(e) => {
                             *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                            // An engine thread waiting for the pump hears of it now.
+                            engine_thread.unpark();
                             return;
                         }
                     };
@@ -260,51 +252,6 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
         })
     }
 
-    fn drain_failed(&self) -> AgentError {
-        AgentError::Nixl {
-            agent: self.agent.name().to_owned(),
-            op: "get_notifications",
-            source: nixl_sys::NixlError::BackendError,
-        }
-    }
-
-    fn pending_events(&self) -> usize {
-        self.driver.pending_events()
-    }
-
-    fn deliver(&mut self, release: &mut impl BlockRelease) {
-        while let Some(event) = self.driver.poll_event() {
-            match event {
-                ConsumerEvent::Decode { request, blocks } => release.decode(&request, blocks),
-                ConsumerEvent::Failed { request } => release.failed(&request),
-                ConsumerEvent::Expired {
-                    request,
-                    outstanding,
-                } => release.expired(&request, outstanding),
-                ConsumerEvent::Release {
-                    request,
-                    blocks,
-                    forced,
-                } => release.release(&request, blocks, forced),
-            }
-        }
-    }
-
-    /// Requests registered and not yet released (quarantined ones included).
-    pub fn in_flight(&self) -> usize {
-        self.driver.in_flight()
-    }
-
-    /// The core's counters.
-    pub fn core_counters(&self) -> kvdrain::Counters {
-        self.driver.core_counters()
-    }
-
-    /// The driver's counters.
-    pub fn counters(&self) -> ConsumerCounters {
-        self.driver.counters()
-    }
-
     /// Notification → decision latency of every decided notice (to the decision handed
     /// out by the engine side).
     pub fn latency(&mut self) -> &mut Latency {
@@ -342,7 +289,8 @@ impl Drop for StopOnDrop<'_> {
 }
 
 /// The engine thread's view of a [`Consumer`] while its pump thread runs
-/// ([`Consumer::with_pump_thread`]).
+/// ([`Consumer::with_pump_thread`]): the driver's engine half, the rounds that time the
+/// hand-off of each decision, and the wait for the next round.
 #[derive(Debug)]
 pub struct EngineSide<'a, const N: usize, const E: usize> {
     engine: ConsumerEngine<'a, N, E>,
@@ -358,58 +306,27 @@ pub struct EngineSide<'a, const N: usize, const E: usize> {
     pump_error: &'a Mutex<Option<AgentError>>,
 }
 
-impl<const N: usize, const E: usize> EngineSide<'_, N, E> {
-    /// The driver's clock: ms since `epoch` (where this side reads its clock).
-    fn now(&self) -> kvdrain::Instant {
-        kvdrain::Instant::from_millis(
-            u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX),
-        )
+impl<'a, const N: usize, const E: usize> EngineSide<'a, N, E> {
+    /// The clock the driver runs on (as [`Consumer::now`]).
+    pub fn now(&self) -> kvdrain::Instant {
+        kvdrain::Instant::from_millis(ms_since(self.epoch))
     }
 
-    /// As [`Consumer::register`].
-    ///
-    /// # Errors
-    /// As [`Consumer::register`].
-    pub fn register(&mut self, request: PushRequest<'_>) -> Result<Registered, ConsumerError> {
-        let now = self.now();
-        let mut transport = NixlConsumerTransport {
-            agent: self.agent,
-            drain_error: None,
-        };
-        Ok(self.engine.register(&mut transport, request, now)?)
+    /// The driver's engine half, with the NIXL transport it sends through (as
+    /// [`Consumer::engine`]): register, abort, report lost or fenced producers. Take the
+    /// rounds with [`poll`](Self::poll), which times the hand-off of the decisions the
+    /// pump made ready, not with the half's own `poll`.
+    pub fn engine(&mut self) -> (&mut ConsumerEngine<'a, N, E>, NixlConsumerTransport<'a>) {
+        (&mut self.engine, NixlConsumerTransport::new(self.agent))
     }
 
-    /// As [`Consumer::abort`].
-    ///
-    /// # Errors
-    /// As [`Consumer::abort`].
-    pub fn abort(&mut self, id: &str) -> Result<Quarantined, AbortError> {
-        self.engine.abort(id)
-    }
-
-    /// As [`Consumer::gone_producer`].
-    pub fn gone_producer(&mut self, name: &str, release: &mut impl BlockRelease) -> u32 {
-        let resolved = self.engine.gone_producer(name);
-        self.deliver(release);
-        resolved
-    }
-
-    /// As [`Consumer::fence_producer`].
-    pub fn fence_producer(&mut self, name: &str, release: &mut impl BlockRelease) -> u32 {
-        let resolved = self.engine.fence_producer(name);
-        self.deliver(release);
-        resolved
-    }
-
-    /// One engine round: decisions the pump made ready (latency recorded), fences, clock,
-    /// heartbeats; then the decisions go to `release`. Returns the decisions delivered.
+    /// One engine round: decisions the pump made ready (latency recorded), lost producers,
+    /// clock, heartbeats; then the decisions go to `release`. Returns the decisions
+    /// delivered.
     pub fn poll(&mut self, release: &mut impl BlockRelease) -> usize {
         self.seen = self.published.load(Ordering::Acquire);
         let now = self.now();
-        let mut transport = NixlConsumerTransport {
-            agent: self.agent,
-            drain_error: None,
-        };
+        let mut transport = NixlConsumerTransport::new(self.agent);
         let taken = self.engine.poll(&mut transport, now);
         let pulled = Instant::now();
         for stamp in self.stamps.try_iter().take(taken) {
@@ -417,16 +334,30 @@ impl<const N: usize, const E: usize> EngineSide<'_, N, E> {
             self.handoff_latency
                 .record(pulled.duration_since(stamp.decided));
         }
-        self.deliver(release)
+        deliver(&mut self.engine, release)
     }
 
-    /// Waits until the pump has published a decision since the last
-    /// [`poll`](Self::poll), or until `timeout` passed, or until another thread unparks
-    /// this one (a wake-up for other work): spins briefly, then parks. Call it from the
+    /// Waits until the next round has work: the pump has published a decision since the
+    /// last [`poll`](Self::poll), or the engine half's
+    /// [`next_wakeup`](ConsumerEngine::next_wakeup) came (a heartbeat, a producer to
+    /// report gone, a deadline, a settle or quarantine end), or another thread unparks
+    /// this one (a wake-up for other work, or the pump stopping on an error). Spins
+    /// briefly, then parks; with nothing tracked it parks until woken. Call it from the
     /// engine thread (the one that called [`Consumer::with_pump_thread`]) when a round
     /// found nothing to do; a decision published between that round and this call is not
-    /// missed (the wake-up is a park token).
-    pub fn wait(&mut self, timeout: Duration) {
+    /// missed (the wake-up is a park token). It may return early (a spurious wake-up):
+    /// poll, then wait again.
+    pub fn wait(&mut self) {
+        self.wait_for(None);
+    }
+
+    /// [`wait`](Self::wait), returning at `also` at the latest: for an engine thread with
+    /// work of its own due then (producers it ticks, whose agents must be polled).
+    pub fn wait_until(&mut self, also: Instant) {
+        self.wait_for(Some(also));
+    }
+
+    fn wait_for(&mut self, also: Option<Instant>) {
         const SPINS: u32 = 64;
         for _ in 0..SPINS {
             if self.published.load(Ordering::Acquire) != self.seen {
@@ -434,33 +365,21 @@ impl<const N: usize, const E: usize> EngineSide<'_, N, E> {
             }
             std::hint::spin_loop();
         }
-        std::thread::park_timeout(timeout);
-    }
-
-    fn deliver(&mut self, release: &mut impl BlockRelease) -> usize {
-        let mut n = 0;
-        while let Some(event) = self.engine.poll_event() {
-            n += 1;
-            match event {
-                ConsumerEvent::Decode { request, blocks } => release.decode(&request, blocks),
-                ConsumerEvent::Failed { request } => release.failed(&request),
-                ConsumerEvent::Expired {
-                    request,
-                    outstanding,
-                } => release.expired(&request, outstanding),
-                ConsumerEvent::Release {
-                    request,
-                    blocks,
-                    forced,
-                } => release.release(&request, blocks, forced),
+        // Due at `at` on the driver's clock: once `at` whole ms have passed since the
+        // epoch, `now` reads at least `at`.
+        let wakeup = self
+            .engine
+            .next_wakeup()
+            .map(|at| self.epoch + Duration::from_millis(at.millis()));
+        match wakeup.into_iter().chain(also).min() {
+            Some(due) => {
+                let left = due.saturating_duration_since(Instant::now());
+                if !left.is_zero() {
+                    std::thread::park_timeout(left);
+                }
             }
+            None => std::thread::park(),
         }
-        n
-    }
-
-    /// Requests registered and not yet released (quarantined ones included).
-    pub fn in_flight(&self) -> usize {
-        self.engine.in_flight()
     }
 
     /// Why the pump thread stopped early, if it did (a drain error).
@@ -469,5 +388,45 @@ impl<const N: usize, const E: usize> EngineSide<'_, N, E> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
+    }
+}
+
+/// Hands every decision the engine half has queued to `release`, in order; returns how
+/// many.
+pub fn deliver<const N: usize, const E: usize>(
+    engine: &mut ConsumerEngine<'_, N, E>,
+    release: &mut impl BlockRelease,
+) -> usize {
+    let mut n = 0;
+    while let Some(event) = engine.poll_event() {
+        n += 1;
+        match event {
+            ConsumerEvent::Decode { request, blocks } => release.decode(&request, blocks),
+            ConsumerEvent::Failed { request } => release.failed(&request),
+            ConsumerEvent::Expired {
+                request,
+                outstanding,
+            } => release.expired(&request, outstanding),
+            ConsumerEvent::Release {
+                request,
+                blocks,
+                forced,
+            } => release.release(&request, blocks, forced),
+        }
+    }
+    n
+}
+
+/// Ms since `epoch`, the driver's clock.
+fn ms_since(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A drain failure whose NIXL error the transport did not keep.
+fn drain_failed(agent: &UcxAgent) -> AgentError {
+    AgentError::Nixl {
+        agent: agent.name().to_owned(),
+        op: "get_notifications",
+        source: nixl_sys::NixlError::BackendError,
     }
 }

@@ -212,6 +212,20 @@ pub struct NixlConsumerTransport<'a> {
     pub agent: &'a UcxAgent,
     /// The last drain error.
     pub drain_error: Option<AgentError>,
+    /// When the last drain that succeeded returned (the start of a notification's
+    /// latency on this side).
+    pub drained_at: Option<std::time::Instant>,
+}
+
+impl<'a> NixlConsumerTransport<'a> {
+    /// The transport of `agent`, no drain error yet.
+    pub fn new(agent: &'a UcxAgent) -> Self {
+        NixlConsumerTransport {
+            agent,
+            drain_error: None,
+            drained_at: None,
+        }
+    }
 }
 
 impl Transport for NixlConsumerTransport<'_> {
@@ -233,7 +247,9 @@ impl Transport for NixlConsumerTransport<'_> {
     }
 
     fn drain_notifications(&mut self, out: &mut Vec<Notification>) -> Result<(), DrainError> {
-        drain(self.agent, out, &mut self.drain_error)
+        drain(self.agent, out, &mut self.drain_error)?;
+        self.drained_at = Some(std::time::Instant::now());
+        Ok(())
     }
 
     fn peer_gone(&mut self) -> Option<GonePeer> {

@@ -16,6 +16,9 @@ use kvdrain_nixl::producer::{Fault, FaultInjector};
 use kvdrain_nixl::testbed::{Testbed, TestbedConfig};
 
 const LIMIT: Duration = Duration::from_secs(10);
+/// How often a loop that ticks producers polls their agents (a producer learns of a
+/// registration only by draining its notifications).
+const PRODUCER_POLL: Duration = Duration::from_micros(200);
 
 fn testbed(test: &str) -> (Testbed, TestbedConfig, Engines) {
     let cfg = TestbedConfig::new(&prefix(test));
@@ -74,7 +77,7 @@ fn drive_checked(
             "timed out waiting for {what}: D {:?} P {:?} counters {:?}",
             e.d.events,
             e.p.iter().map(|p| &p.events).collect::<Vec<_>>(),
-            tb.d.consumer.core_counters()
+            tb.d.consumer.driver().core_counters()
         );
         for &r in ranks {
             tick_p(tb, e, r);
@@ -143,13 +146,17 @@ fn tp2_to_tp1(progress_thread: bool) {
             assert_eq!(count, 1, "source release of {}", p_id(n));
         }
     }
-    let c = tb.d.consumer.core_counters();
+    let c = tb.d.consumer.driver().core_counters();
     assert_eq!(
         (c.engine.completed, c.engine.failed, c.ingest.completions),
         (8, 0, 16)
     );
     let m = kvdrain_nixl::metrics::Metrics::new();
-    m.observe_consumer(&c, &tb.d.consumer.counters(), tb.d.consumer.latency());
+    m.observe_consumer(
+        &c,
+        &tb.d.consumer.driver().counters(),
+        tb.d.consumer.latency(),
+    );
     let metrics = m.encode();
     assert!(
         metrics.contains("kvdrain:nixl_num_completed_reqs_total 8\n"),
@@ -193,16 +200,22 @@ fn tp2_to_tp1_with_a_pump_thread() {
     d.consumer.with_pump_thread(|engine| {
         for n in 0..8 {
             let pid = p_id(n);
-            let registered = engine
-                .register(kvdrain_nixl::consumer::PushRequest {
-                    id: &d_id(n),
-                    producer_engine: kvdrain_nixl::testbed::P_ENGINE,
-                    remote_request_id: &pid,
-                    transfer_id: Some(&pid),
-                    blocks: BlockHandle(n),
-                    block_ids: block_ids(n),
-                    deadline: None,
-                })
+            let now = engine.now();
+            let (half, mut nixl) = engine.engine();
+            let registered = half
+                .register(
+                    &mut nixl,
+                    kvdrain_nixl::consumer::PushRequest {
+                        id: &d_id(n),
+                        producer_engine: kvdrain_nixl::testbed::P_ENGINE,
+                        remote_request_id: &pid,
+                        transfer_id: Some(&pid),
+                        blocks: BlockHandle(n),
+                        block_ids: block_ids(n),
+                        deadline: None,
+                    },
+                    now,
+                )
                 .expect("register");
             assert!(registered.unreached.is_empty());
         }
@@ -220,17 +233,19 @@ fn tp2_to_tp1_with_a_pump_thread() {
                 inner: &mut e,
             };
             engine.poll(&mut check);
-            // Returns early when the pump publishes a decision.
-            engine.wait(Duration::from_micros(200));
+            // Until the pump publishes a decision, D's next wakeup, or the producers
+            // ticked on this thread are to poll their agents again (NIXL tells a
+            // producer of a registration only when asked).
+            engine.wait_until(std::time::Instant::now() + PRODUCER_POLL);
         }
     });
-    let c = tb.d.consumer.core_counters();
+    let c = tb.d.consumer.driver().core_counters();
     assert_eq!(
         (c.engine.completed, c.engine.failed, c.ingest.completions),
         (8, 0, 16)
     );
     assert_eq!(
-        tb.d.consumer.counters().notifications,
+        tb.d.consumer.driver().counters().notifications,
         16,
         "all drained by the pump"
     );
@@ -282,18 +297,25 @@ fn pr50754_scenarios_ten_times_each_then_a_healthy_request() {
                 .expect("offer");
             }
             clear_d_blocks(&tb, 0);
-            tb.d.consumer
-                .register(kvdrain_nixl::consumer::PushRequest {
-                    id: &d_id(id),
-                    producer_engine: kvdrain_nixl::testbed::P_ENGINE,
-                    remote_request_id: &pid,
-                    transfer_id: Some(&pid),
-                    blocks: BlockHandle(0),
-                    block_ids: block_ids(0),
-                    deadline: None,
-                })
-                .expect("register");
-            let before = tb.d.consumer.core_counters().ingest;
+            {
+                let now = tb.d.consumer.now();
+                let (mut engine, mut nixl) = tb.d.consumer.engine();
+                engine.register(
+                    &mut nixl,
+                    kvdrain_nixl::consumer::PushRequest {
+                        id: &d_id(id),
+                        producer_engine: kvdrain_nixl::testbed::P_ENGINE,
+                        remote_request_id: &pid,
+                        transfer_id: Some(&pid),
+                        blocks: BlockHandle(0),
+                        block_ids: block_ids(0),
+                        deadline: None,
+                    },
+                    now,
+                )
+            }
+            .expect("register");
+            let before = tb.d.consumer.driver().core_counters().ingest;
             // Only the first producer runs until D has counted its notice: no decision yet.
             drive_checked(
                 &mut tb,
@@ -303,7 +325,7 @@ fn pr50754_scenarios_ten_times_each_then_a_healthy_request() {
                 &seeds,
                 "first notice",
                 |tb, _| {
-                    let now = tb.d.consumer.core_counters().ingest;
+                    let now = tb.d.consumer.driver().core_counters().ingest;
                     now.completions + now.failure_notices
                         > before.completions + before.failure_notices
                 },
@@ -352,7 +374,7 @@ fn pr50754_scenarios_ten_times_each_then_a_healthy_request() {
             });
         }
     }
-    let c = tb.d.consumer.core_counters();
+    let c = tb.d.consumer.driver().core_counters();
     assert_eq!(c.engine.completed, 40);
     assert_eq!(c.engine.failed, 20);
     assert_eq!(c.ingest.failure_notices, 20);
@@ -406,7 +428,14 @@ fn registration_for_a_retired_request_is_answered_with_failure_notices() {
     assert!(tb.d.pool.read(0).iter().all(|&b| b == 0), "no write landed");
     let posted: u64 = tb.p.pushers.iter().map(|p| p.counters().posted).sum();
     assert_eq!(posted, 0);
-    assert_eq!(tb.d.consumer.core_counters().ingest.failure_notices, 2);
+    assert_eq!(
+        tb.d.consumer
+            .driver()
+            .core_counters()
+            .ingest
+            .failure_notices,
+        2
+    );
 }
 
 /// F8: one producer's handshake with D fails. Where it still got D's metadata it says so with
@@ -481,21 +510,28 @@ fn heartbeats_stop_at_the_decision() {
     let mut e = Engines::new(cfg.p_tp);
     // P holds request "cmpl-p-0" but D's registration pairs with another key: stuck.
     offer_all(&mut tb, 0, 0);
-    tb.d.consumer
-        .register(kvdrain_nixl::consumer::PushRequest {
-            id: &d_id(0),
-            producer_engine: kvdrain_nixl::testbed::P_ENGINE,
-            remote_request_id: &p_id(0),
-            transfer_id: Some("no-such-transfer"),
-            blocks: BlockHandle(0),
-            block_ids: block_ids(0),
-            deadline: Some(kvdrain::Duration::from_millis(1500)),
-        })
-        .expect("register");
+    {
+        let now = tb.d.consumer.now();
+        let (mut engine, mut nixl) = tb.d.consumer.engine();
+        engine.register(
+            &mut nixl,
+            kvdrain_nixl::consumer::PushRequest {
+                id: &d_id(0),
+                producer_engine: kvdrain_nixl::testbed::P_ENGINE,
+                remote_request_id: &p_id(0),
+                transfer_id: Some("no-such-transfer"),
+                blocks: BlockHandle(0),
+                block_ids: block_ids(0),
+                deadline: Some(kvdrain::Duration::from_millis(1500)),
+            },
+            now,
+        )
+    }
+    .expect("register");
     run_until(&mut tb, &mut e, LIMIT, "expiry", |_, e| {
         e.d.saw("expired", &d_id(0))
     });
-    let sent_at_expiry = tb.d.consumer.counters().heartbeats_sent;
+    let sent_at_expiry = tb.d.consumer.driver().counters().heartbeats_sent;
     // 2 agents × at least a few rounds of 50 ms within the 1.5 s deadline.
     assert!(
         sent_at_expiry >= 6,
@@ -509,7 +545,7 @@ fn heartbeats_stop_at_the_decision() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(
-        tb.d.consumer.counters().heartbeats_sent,
+        tb.d.consumer.driver().counters().heartbeats_sent,
         sent_at_expiry,
         "heartbeats continued after the decision"
     );
@@ -554,7 +590,7 @@ fn garbage_notifications_do_not_poison_later_polls() {
         .expect("send");
     // Everything odd is counted (and changes nothing) before the producers write.
     run_only(&mut tb, &mut e, &[], LIMIT, "garbage counted", |tb, _| {
-        let c = tb.d.consumer.core_counters().ingest;
+        let c = tb.d.consumer.driver().core_counters().ingest;
         c.malformed + c.not_for_consumer + c.unexpected_sender == 3
     });
     assert!(e.d.events.is_empty());
@@ -563,9 +599,9 @@ fn garbage_notifications_do_not_poison_later_polls() {
         e.d.saw("decode", &d_id(0))
     });
     check_d_blocks(&tb, &cfg, 0, 9).expect("data");
-    let c = tb.d.consumer.core_counters().ingest;
+    let c = tb.d.consumer.driver().core_counters().ingest;
     assert_eq!(c.malformed, 1);
     assert_eq!(c.not_for_consumer, 1);
     assert_eq!(c.unexpected_sender, 1, "{c:?}");
-    assert_eq!(tb.d.consumer.counters().from_strangers, 1);
+    assert_eq!(tb.d.consumer.driver().counters().from_strangers, 1);
 }

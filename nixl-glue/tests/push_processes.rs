@@ -202,19 +202,25 @@ fn child_consumer() {
     let requests = if mode == "kill" { 1 } else { REQUESTS };
     for n in 0..requests {
         let pid = p_id(n);
-        let unreached = d
-            .consumer
-            .register(kvdrain_nixl::consumer::PushRequest {
-                id: &d_id(n),
-                producer_engine: kvdrain_nixl::testbed::P_ENGINE,
-                remote_request_id: &pid,
-                transfer_id: Some(&pid),
-                blocks: kvdrain::BlockHandle(n),
-                block_ids: block_ids(n),
-                deadline: None,
-            })
-            .expect("register")
-            .unreached;
+        let unreached = {
+            let now = d.consumer.now();
+            let (mut engine, mut nixl) = d.consumer.engine();
+            engine.register(
+                &mut nixl,
+                kvdrain_nixl::consumer::PushRequest {
+                    id: &d_id(n),
+                    producer_engine: kvdrain_nixl::testbed::P_ENGINE,
+                    remote_request_id: &pid,
+                    transfer_id: Some(&pid),
+                    blocks: kvdrain::BlockHandle(n),
+                    block_ids: block_ids(n),
+                    deadline: None,
+                },
+                now,
+            )
+        }
+        .expect("register")
+        .unreached;
         assert!(unreached.is_empty(), "{unreached:?}");
     }
     let start = Instant::now();
@@ -228,7 +234,7 @@ fn child_consumer() {
             rec.events
         );
         d.consumer.poll(&mut rec).expect("poll");
-        if mode == "kill" && !half && d.consumer.core_counters().ingest.completions == 1 {
+        if mode == "kill" && !half && d.consumer.driver().core_counters().ingest.completions == 1 {
             half = true;
             announce("D-HALF");
         }
@@ -241,29 +247,35 @@ fn child_consumer() {
             "failed by the gone, not a deadline"
         );
         assert_eq!(
-            d.consumer.counters().disconnects,
+            d.consumer.driver().counters().disconnects,
             2,
             "{:?}",
-            d.consumer.counters()
+            d.consumer.driver().counters()
         );
         // P's death is reported gone (its bytes may still land), never fenced.
-        let engine = d.consumer.core_counters().engine;
+        let engine = d.consumer.driver().core_counters().engine;
         assert_eq!((engine.gone_edges, engine.fenced_edges), (1, 0));
         // F6: a registration now reaches no producer; it ends at its deadline.
         let pid = p_id(1);
-        let unreached = d
-            .consumer
-            .register(kvdrain_nixl::consumer::PushRequest {
-                id: &d_id(1),
-                producer_engine: kvdrain_nixl::testbed::P_ENGINE,
-                remote_request_id: &pid,
-                transfer_id: Some(&pid),
-                blocks: kvdrain::BlockHandle(1),
-                block_ids: block_ids(1),
-                deadline: Some(kvdrain::Duration::from_millis(300)),
-            })
-            .expect("register")
-            .unreached;
+        let unreached = {
+            let now = d.consumer.now();
+            let (mut engine, mut nixl) = d.consumer.engine();
+            engine.register(
+                &mut nixl,
+                kvdrain_nixl::consumer::PushRequest {
+                    id: &d_id(1),
+                    producer_engine: kvdrain_nixl::testbed::P_ENGINE,
+                    remote_request_id: &pid,
+                    transfer_id: Some(&pid),
+                    blocks: kvdrain::BlockHandle(1),
+                    block_ids: block_ids(1),
+                    deadline: Some(kvdrain::Duration::from_millis(300)),
+                },
+                now,
+            )
+        }
+        .expect("register")
+        .unreached;
         assert_eq!(unreached.len(), 2, "both producers reported unreached");
         let start = Instant::now();
         while !rec.saw("expired", &d_id(1)) {
@@ -494,7 +506,7 @@ fn f7_attempt(prefix: &str, attempt: u64, limit: Duration) -> F7Run {
     let context = format!(
         "run {attempt}: {c0:?} {:?} {:?} {:?}",
         e.d.events,
-        tb.d.consumer.counters(),
+        tb.d.consumer.driver().counters(),
         tb.p.pushers[1].counters()
     );
     assert_eq!(
@@ -503,7 +515,7 @@ fn f7_attempt(prefix: &str, attempt: u64, limit: Duration) -> F7Run {
     );
     assert!(c0.status_unknown + c0.failed_after_post <= 1, "{context}");
     if c0.status_unknown == 1 {
-        let ingest = tb.d.consumer.core_counters().ingest;
+        let ingest = tb.d.consumer.driver().core_counters().ingest;
         assert_eq!(ingest.failure_notices, 0, "{context}");
         assert!(!e.d.saw("failed", &d_id(n)), "{context}");
         if e.d.saw("decode", &d_id(n)) {

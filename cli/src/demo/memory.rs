@@ -112,7 +112,7 @@ pub fn run(o: &Options) -> Summary {
                 // Ids are unique and the window is below the table's capacity.
                 let _ = p.offer(offer, now());
             }
-            let registered = d.register(
+            let registered = d.engine().register(
                 &mut dt,
                 PushRequest {
                     id: &did,
@@ -153,15 +153,18 @@ pub fn run(o: &Options) -> Summary {
         batch.clear();
         let _ = dt.drain_notifications(&mut batch);
         let received = Instant::now();
+        // Both halves on this thread: each decision is taken as its notice decides it.
+        let (mut ingest, mut engine) = d.split();
         for (sender, bytes) in &batch {
-            if let Ok(Noticed::Decided) = d.ingest(sender, bytes) {
+            if let Ok(Noticed::Decided) = ingest.ingest(sender, bytes) {
+                engine.take_ready();
                 latencies.saturating_record(
                     u64::try_from(received.elapsed().as_nanos()).unwrap_or(u64::MAX),
                 );
             }
         }
-        let _ = d.poll(&mut dt, now());
-        while let Some(event) = d.poll_event() {
+        engine.poll(&mut dt, now());
+        while let Some(event) = engine.poll_event() {
             match event {
                 ConsumerEvent::Decode { blocks, .. } => {
                     let slot = blocks.0 as usize;

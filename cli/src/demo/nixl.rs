@@ -6,8 +6,9 @@
 //! on their own thread, as P runs on another node; D's pump thread drains NIXL
 //! notifications into the ingest half; the engine thread (this one) starts requests,
 //! pulls decisions and checks the bytes, and when a round finds nothing to do waits in
-//! [`EngineSide::wait`] until the pump publishes a decision (or the producers free a slot),
-//! so a decision is pulled as soon as it is published. With `--no-pump-thread` one loop
+//! [`EngineSide::wait`] until the pump publishes a decision, the producers free a slot, or
+//! the consumer driver has work due (a heartbeat, a deadline), so a decision is pulled as
+//! soon as it is published and no wait is a guessed timeout. With `--no-pump-thread` one loop
 //! does all of it.
 
 use std::collections::HashMap;
@@ -39,7 +40,10 @@ trait Pump {
 
 impl<const N: usize> Pump for Consumer<N> {
     fn register(&mut self, request: PushRequest<'_>) -> Result<(), String> {
-        Consumer::register(self, request)
+        let now = self.now();
+        let (mut engine, mut nixl) = self.engine();
+        engine
+            .register(&mut nixl, request, now)
             .map(drop)
             .map_err(|e| e.to_string())
     }
@@ -56,7 +60,10 @@ impl<const N: usize> Pump for Consumer<N> {
 
 impl<const N: usize, const E: usize> Pump for EngineSide<'_, N, E> {
     fn register(&mut self, request: PushRequest<'_>) -> Result<(), String> {
-        EngineSide::register(self, request)
+        let now = self.now();
+        let (engine, mut nixl) = self.engine();
+        engine
+            .register(&mut nixl, request, now)
             .map(drop)
             .map_err(|e| e.to_string())
     }
@@ -67,17 +74,15 @@ impl<const N: usize, const E: usize> Pump for EngineSide<'_, N, E> {
         Ok(self.poll(d) > 0)
     }
     fn idle(&mut self) {
-        // Woken by the pump (a decision) or the producers (a free slot); the timeout only
-        // bounds heartbeats and the stall check.
-        self.wait(IDLE_WAIT);
+        // Woken by the pump (a decision), the producers (a free slot, or their thread
+        // stopping), or the driver's next wakeup (a heartbeat, a deadline, a quarantine
+        // end), whichever comes first.
+        self.wait();
     }
 }
 
 /// A run stops waiting after this long without any decision.
 const STALL: Duration = Duration::from_secs(60);
-
-/// Longest wait of an idle engine thread.
-const IDLE_WAIT: Duration = Duration::from_millis(5);
 
 /// Engine-side bookkeeping: which request holds which slot, and how many of its three
 /// owners (D, P rank 0, P rank 1) still hold the slot.
@@ -479,7 +484,7 @@ pub fn run(o: &Options) -> Result<Summary, String> {
     }
     progress.finish();
     s.wall = start.elapsed();
-    let c = tb.d.consumer.core_counters();
+    let c = tb.d.consumer.driver().core_counters();
     s.completions = c.ingest.completions;
     s.failure_notices = c.ingest.failure_notices;
     let landed: u64 = tb.p.pushers.iter().map(|p| p.counters().landed).sum();
@@ -491,7 +496,10 @@ pub fn run(o: &Options) -> Result<Summary, String> {
     s.end_to_end = optional(&measured.end_to_end);
     s.post_to_decision = optional(&measured.post_to_decision);
     let metrics = kvdrain_nixl::metrics::Metrics::new();
-    let (core, glue) = (tb.d.consumer.core_counters(), tb.d.consumer.counters());
+    let (core, glue) = (
+        tb.d.consumer.driver().core_counters(),
+        tb.d.consumer.driver().counters(),
+    );
     metrics.observe_consumer(&core, &glue, tb.d.consumer.latency());
     metrics.observe_producers(
         tb.p.pushers

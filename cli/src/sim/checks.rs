@@ -27,11 +27,11 @@ impl World {
             self.violation(what);
         }
         for d in 0..self.consumers.len() {
-            let c = &self.consumers[d];
+            let c = &mut self.consumers[d];
             let (free, in_flight, tracked) = (
                 c.pool.free_blocks(),
                 c.pool.writes_in_flight(),
-                c.driver.in_flight(),
+                c.driver.engine().in_flight(),
             );
             if free != BLOCKS as usize || in_flight != 0 || tracked != 0 {
                 self.violation(format!(

@@ -104,7 +104,7 @@ impl DecodeRank {
     /// the simulation cannot place goes to `wrong`.
     pub fn take_steps(&mut self, wrong: &mut Vec<String>) -> Vec<(u64, Step)> {
         let mut steps = Vec::new();
-        while let Some(event) = self.driver.poll_event() {
+        while let Some(event) = self.driver.engine().poll_event() {
             let (request, step, blocks) = match event {
                 ConsumerEvent::Decode { request, blocks } => {
                     (request, Step::Completed, Some(blocks))
@@ -182,7 +182,10 @@ impl World {
         let req = request_number(request.id);
         let (driver, mut link) = self.decode_rank(d);
         link.registering = req;
-        let registered = driver.register_with(&mut link, request, mode, Instant::from_millis(now));
+        let registered =
+            driver
+                .engine()
+                .register_with(&mut link, request, mode, Instant::from_millis(now));
         let sent = link.sent;
         self.schedule_sent(d, sent);
         registered.map(|_| ())
@@ -272,7 +275,7 @@ impl World {
         };
         let mut mid_push = false;
         for (d, part) in request.ranks.iter_mut().enumerate() {
-            let Ok(quarantined) = self.consumers[d].driver.abort(&request.id) else {
+            let Ok(quarantined) = self.consumers[d].driver.engine().abort(&request.id) else {
                 continue; // decided already
             };
             self.consumers[d].outcome_given(req);

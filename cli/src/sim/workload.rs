@@ -111,7 +111,11 @@ impl World {
         // A full table on any rank: the request is not pushed (the engine would prefill it
         // locally). The full rank's driver must say so; no rank registers, so no slot is
         // tied up by a request nobody will write.
-        if let Some(d) = self.consumers.iter().position(|c| c.driver.is_full()) {
+        if let Some(d) = self
+            .consumers
+            .iter_mut()
+            .position(|c| c.driver.engine().is_full())
+        {
             self.faults.table_full += 1;
             let registered = self.register(d, push(req), EdgeMode::Count);
             match registered {

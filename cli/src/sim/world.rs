@@ -282,10 +282,10 @@ impl World {
     }
 
     /// The earliest time a decode rank's driver has work due, after now.
-    fn next_wakeup(&self) -> Option<u64> {
+    fn next_wakeup(&mut self) -> Option<u64> {
         self.consumers
-            .iter()
-            .filter_map(|c| c.driver.next_wakeup().map(Instant::millis))
+            .iter_mut()
+            .filter_map(|c| c.driver.engine().next_wakeup().map(Instant::millis))
             .min()
             .map(|at| at.max(self.now + 1))
     }

@@ -79,7 +79,7 @@ pub fn run_only(
             "timed out after {limit:?} waiting for {what}; D events {:?}, P events {:?}, D counters {:?}",
             e.d.events,
             e.p.iter().map(|p| &p.events).collect::<Vec<_>>(),
-            tb.d.consumer.core_counters()
+            tb.d.consumer.driver().core_counters()
         );
         for &r in ranks {
             tick_p(tb, e, r);
@@ -160,16 +160,23 @@ pub fn offer_all(tb: &mut Testbed, n: u64, slot: u64) {
 /// Registers request `n` (D blocks of `slot`) with D; returns the producers it could not reach.
 pub fn register(tb: &mut Testbed, n: u64, slot: u64, deadline_ms: Option<u64>) -> Vec<String> {
     let pid = p_id(n);
-    tb.d.consumer
-        .register(PushRequest {
-            id: &d_id(n),
-            producer_engine: P_ENGINE,
-            remote_request_id: &pid,
-            transfer_id: Some(&pid),
-            blocks: BlockHandle(slot),
-            block_ids: block_ids(slot),
-            deadline: deadline_ms.map(kvdrain::Duration::from_millis),
-        })
-        .expect("register")
-        .unreached
+    {
+        let now = tb.d.consumer.now();
+        let (mut engine, mut nixl) = tb.d.consumer.engine();
+        engine.register(
+            &mut nixl,
+            PushRequest {
+                id: &d_id(n),
+                producer_engine: P_ENGINE,
+                remote_request_id: &pid,
+                transfer_id: Some(&pid),
+                blocks: BlockHandle(slot),
+                block_ids: block_ids(slot),
+                deadline: deadline_ms.map(kvdrain::Duration::from_millis),
+            },
+            now,
+        )
+    }
+    .expect("register")
+    .unreached
 }
