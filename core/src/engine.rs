@@ -1,7 +1,6 @@
 //! The engine half: registration, abort, fence and gone, clock and decisions. Owns every table
 //! the ingest thread only reads.
 
-use crate::Millis;
 use crate::counters::EngineCounters;
 use crate::decided::Kind;
 use crate::error::{AbortError, ClockError, RegisterError, RegisterErrorKind};
@@ -16,6 +15,7 @@ use crate::ticket::{
     AgentId, BlockHandle, Decision, Drained, Expect, Failed, Outstanding, Pending, QuarantineCause,
     Quarantined, Registration, Released, RequestKey,
 };
+use crate::time::{Duration, Instant};
 
 /// Where an id is in the index, as the owner sees it.
 enum Probe {
@@ -98,11 +98,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         let bucket = vacancy as u32;
         let key = self.owner.next_key;
         self.owner.next_key += 1;
-        let deadline = self.owner.now.saturating_add(
-            registration
-                .deadline_ms
-                .unwrap_or(self.owner.config.deadline_ms),
-        );
+        let deadline = self.owner.now + registration.deadline.unwrap_or(self.owner.config.deadline);
         self.owner.requests[slot as usize] = Request {
             key,
             blocks: registration.blocks.0,
@@ -116,8 +112,8 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             gone_at: 0,
             owed_at_expiry: 0,
         };
-        if registration.deadline_ms.is_none() {
-            // `now + deadline_ms` never decreases: the O(1) FIFO timer.
+        if registration.deadline.is_none() {
+            // `now + Config::deadline` never decreases: the O(1) FIFO timer.
             self.owner.timers.push_back(slot, deadline, key);
         } else {
             self.owner.timers.set(slot, deadline, key);
@@ -150,7 +146,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
 
     /// Aborts the request of `ticket`: it is over for the client now; its blocks stay
     /// fenced until every edge resolves (a `Released` that a notice, a
-    /// [`fence`](Self::fence) or a [`gone`](Self::gone) decides, once it settled) or `quarantine_ms` runs out (a forced `Released`
+    /// [`fence`](Self::fence) or a [`gone`](Self::gone) decides, once it settled) or [`Config::quarantine`](crate::Config::quarantine) runs out (a forced `Released`
     /// that [`advance`](Self::advance) decides); [`poll_decision`](Self::poll_decision)
     /// hands it out.
     ///
@@ -221,10 +217,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             .quarantine(r.generation, Phase::Aborted)
         {
             Quarantine::Entered(s) => {
-                let end = self
-                    .owner
-                    .now
-                    .saturating_add(self.owner.config.quarantine_ms);
+                let end = self.owner.now + self.owner.config.quarantine;
                 self.owner.timers.set(slot, end, r.key);
                 self.owner.counters.aborted += 1;
                 Ok(self.quarantined(slot, s, QuarantineCause::Aborted))
@@ -281,7 +274,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// confirm that none of its bytes already on the way can still land: resolves, as
     /// failed, every outstanding named edge of `agent` now, exactly as a failure notice
     /// from `agent` for each of those requests would (rule 8): the decision is taken at
-    /// once and the blocks settle for `settle_ms` from now. An edge already resolved is
+    /// once and the blocks settle for [`Config::settle`](crate::Config::settle) from now. An edge already resolved is
     /// left as it is; counting-mode requests and requests registered later are not
     /// touched, as with [`fence`](Self::fence). Requests whose last edge this resolves are
     /// decided at once, in registration order (`Failed`; `Released` for an aborted or
@@ -290,19 +283,19 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// `O(N·E)`.
     ///
     /// ```
-    /// # use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration};
-    /// let mut ledger: Ledger<16, 2> = Ledger::new(Config { settle_ms: 100, ..Config::with_capacity(16) });
+    /// # use kvdrain::{AgentId, BlockHandle, Config, Decision, Duration, Expect, Instant, Ledger, Registration};
+    /// let mut ledger: Ledger<16, 2> = Ledger::new(Config { settle: Duration::from_millis(100), ..Config::with_capacity(16) });
     /// let (p0, p1) = (AgentId(0), AgentId(1));
     /// # let _t = ledger.register(Registration { id: "r", blocks: BlockHandle(1),
-    /// #     expect: Expect::Edges(&[p0, p1]), deadline_ms: None }).unwrap();
+    /// #     expect: Expect::Edges(&[p0, p1]), deadline: None }).unwrap();
     /// let _ = ledger.handle_notification(p0, b"r:2");
-    /// ledger.advance(20).expect("clock forward");
+    /// ledger.advance(Instant::from_millis(20)).expect("clock forward");
     /// // p1's heartbeat failed: the request fails now, its blocks settle until 20 + 100.
     /// assert_eq!(ledger.gone(p1), 1);
     /// assert!(matches!(ledger.poll_decision(), Some(Decision::Failed(_))));
-    /// ledger.advance(119).expect("clock forward");
+    /// ledger.advance(Instant::from_millis(119)).expect("clock forward");
     /// assert_eq!(ledger.poll_decision(), None);
-    /// ledger.advance(120).expect("clock forward");
+    /// ledger.advance(Instant::from_millis(120)).expect("clock forward");
     /// assert!(matches!(ledger.poll_decision(), Some(Decision::Released(_))));
     /// ```
     pub fn gone(&mut self, agent: AgentId) -> u32 {
@@ -317,7 +310,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     fn resolve_agent(&mut self, agent: AgentId, how: Resolution) -> u32 {
         let mut resolved = 0;
         let mut batch = 0;
-        let now = self.owner.now as u32;
+        let now = self.owner.now.millis() as u32;
         for slot in 0..N as u32 {
             let r = &mut self.owner.requests[slot as usize];
             let shared = &self.shared.slots[slot as usize];
@@ -362,7 +355,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     ///
     /// # Errors
     /// [`ClockError::Backwards`] if `now` is earlier than the clock; nothing changes.
-    pub fn advance(&mut self, now: Millis) -> Result<(), ClockError> {
+    pub fn advance(&mut self, now: Instant) -> Result<(), ClockError> {
         if now < self.owner.now {
             return Err(ClockError::Backwards {
                 last: self.owner.now,
@@ -371,7 +364,9 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         }
         self.owner.now = now;
         // For the ingest thread's failure-notice stamps (rule 8); see `Shared::clock`.
-        self.shared.clock.store(now as u32, Ordering::Relaxed);
+        self.shared
+            .clock
+            .store(now.millis() as u32, Ordering::Relaxed);
         if self.owner.timers.next_due().is_some_and(|due| due <= now) {
             self.fire_due(now);
         }
@@ -381,7 +376,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// Fires every timer due at `now` (see [`advance`](Self::advance)). Out of line: most
     /// advances have nothing due and pay only the check above.
     #[inline(never)]
-    fn fire_due(&mut self, now: Millis) {
+    fn fire_due(&mut self, now: Instant) {
         let mut batch = 0;
         while let Some(slot) = self.owner.timers.pop_due(now) {
             self.owner.batch[batch] = slot;
@@ -412,7 +407,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                         };
                         self.owner.requests[slot as usize].owed_at_expiry = owed;
                         self.owner.decided.push(slot, kind);
-                        let end = r.due.saturating_add(self.owner.config.quarantine_ms);
+                        let end = r.due + self.owner.config.quarantine;
                         if end <= now {
                             self.force_release(slot);
                         } else {
@@ -451,7 +446,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// let mut ledger: Ledger<16, 2> = Ledger::new(Config::with_capacity(16));
     /// let (_ingest, mut engine) = ledger.split();
     /// # let _t = engine.register(Registration { id: "r", blocks: BlockHandle(1),
-    /// #     expect: Expect::Count(1), deadline_ms: None }).unwrap();
+    /// #     expect: Expect::Count(1), deadline: None }).unwrap();
     /// # let (mut ingest, mut engine) = ledger.split();
     /// # let _ = ingest.handle_notification(AgentId(0), b"r:1");
     /// while let Some(decision) = engine.poll_decision() {
@@ -519,12 +514,12 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// item, until there is none.
     ///
     /// ```
-    /// # use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration};
+    /// # use kvdrain::{AgentId, BlockHandle, Config, Decision, Duration, Expect, Instant, Ledger, Registration};
     /// let mut ledger: Ledger<16, 2> = Ledger::new(Config::with_capacity(16));
     /// # let _t = ledger.register(Registration { id: "r", blocks: BlockHandle(1),
-    /// #     expect: Expect::Count(1), deadline_ms: Some(10) }).unwrap();
+    /// #     expect: Expect::Count(1), deadline: Some(Duration::from_millis(10)) }).unwrap();
     /// let (_ingest, mut engine) = ledger.split();
-    /// engine.advance(10).expect("clock forward");
+    /// engine.advance(Instant::from_millis(10)).expect("clock forward");
     /// for decision in engine.decisions() {
     ///     assert!(matches!(decision, Decision::Expired(_)));
     /// }
@@ -540,14 +535,14 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// fence decided before it looks at the ready ring.
     ///
     /// ```
-    /// # use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration};
+    /// # use kvdrain::{AgentId, BlockHandle, Config, Decision, Duration, Expect, Instant, Ledger, Registration};
     /// let mut ledger: Ledger<16, 2> = Ledger::new(Config::with_capacity(16));
     /// # let _t = ledger.register(Registration { id: "r", blocks: BlockHandle(1),
-    /// #     expect: Expect::Count(1), deadline_ms: Some(10) }).unwrap();
+    /// #     expect: Expect::Count(1), deadline: Some(Duration::from_millis(10)) }).unwrap();
     /// # let _u = ledger.register(Registration { id: "u", blocks: BlockHandle(2),
-    /// #     expect: Expect::Count(1), deadline_ms: None }).unwrap();
+    /// #     expect: Expect::Count(1), deadline: None }).unwrap();
     /// let (mut ingest, mut engine) = ledger.split();
-    /// engine.advance(10).expect("clock forward");
+    /// engine.advance(Instant::from_millis(10)).expect("clock forward");
     /// let _ = ingest.handle_notification(AgentId(0), b"u:1"); // u is drained
     /// let queued: Vec<_> = engine.drain_queued().collect();
     /// assert!(matches!(queued[..], [Decision::Expired(_)]));
@@ -596,13 +591,13 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     }
 
     /// The clock.
-    pub fn now(&self) -> Millis {
+    pub fn now(&self) -> Instant {
         self.owner.now
     }
 
     /// When the next deadline, settle end or quarantine end falls: the time to
     /// [`advance`](Self::advance) to next, if nothing else happens first.
-    pub fn next_timer(&self) -> Option<Millis> {
+    pub fn next_timer(&self) -> Option<Instant> {
         self.owner.timers.next_due()
     }
 
@@ -673,7 +668,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         // Aborted or expired: the quarantine end (its timer) bounds the wait. `None`: the
         // quarantine timer already fired while this decision waited on the ready ring.
         let quarantine_end = match s.phase() {
-            Phase::Counting => Millis::MAX,
+            Phase::Counting => Instant::MAX,
             _ => self.owner.timers.due(slot).unwrap_or(now),
         };
         if quarantine_end <= now {
@@ -689,8 +684,8 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
 
     /// When the blocks of drained `slot` may be released as far as rule 8 goes: the time
     /// of the last failure notice or `gone` that resolved one of its edges, plus
-    /// `settle_ms`; 0 if neither did.
-    fn settle_end(&self, slot: u32, s: Snapshot) -> Millis {
+    /// [`Config::settle`](crate::Config::settle); [`Instant::ZERO`] if neither did.
+    fn settle_end(&self, slot: u32, s: Snapshot) -> Instant {
         let r = &self.owner.requests[slot as usize];
         let notice = s
             .settles()
@@ -701,16 +696,17 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             .chain(gone)
             .map(|stamp| self.stamped_at(stamp))
             .max()
-            .map_or(0, |at| at.saturating_add(self.owner.config.settle_ms))
+            .map_or(Instant::ZERO, |at| at + self.owner.config.settle)
     }
 
     /// The full time of a stamp (the low 32 bits of a clock value the engine published,
     /// never later than its clock: a failure notice's or a `gone`'s): the latest time at
     /// or before the clock with those low bits. Exact while the stamp is less than 2^32 ms
     /// (49.7 days) old; an older one reads as later, which can only delay a release.
-    fn stamped_at(&self, stamp: u32) -> Millis {
+    fn stamped_at(&self, stamp: u32) -> Instant {
         let now = self.owner.now;
-        now.saturating_sub(u64::from((now as u32).wrapping_sub(stamp)))
+        let age = (now.millis() as u32).wrapping_sub(stamp);
+        now.saturating_sub(Duration::from_millis(u64::from(age)))
     }
 
     /// Releases and frees drained `slot` (`s.outstanding() == 0`).

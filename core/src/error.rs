@@ -9,8 +9,8 @@
 
 use core::fmt;
 
-use crate::Millis;
 use crate::ticket::Registration;
+use crate::time::Instant;
 use crate::wire::ParseError;
 
 /// Why [`register`](crate::Engine::register) refused a request.
@@ -162,9 +162,9 @@ pub enum ClockError {
     /// `now` is earlier than the last time given; nothing changed.
     Backwards {
         /// The ledger's clock.
-        last: Millis,
+        last: Instant,
         /// The time given.
-        now: Millis,
+        now: Instant,
     },
 }
 
@@ -172,7 +172,7 @@ impl fmt::Display for ClockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ClockError::Backwards { last, now } => {
-                write!(f, "clock went backwards from {last} ms to {now} ms")
+                write!(f, "clock went backwards from {last} to {now}")
             }
         }
     }

@@ -313,7 +313,7 @@ mod tests {
                     id,
                     blocks: BlockHandle(0),
                     expect: Expect::Count(2),
-                    deadline_ms: None,
+                    deadline: None,
                 })
                 .expect("room");
         }

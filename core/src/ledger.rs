@@ -1,7 +1,6 @@
 //! The ledger: fixed tables sized by const generics, split into an ingest half and an
 //! engine half that may run on two threads.
 
-use crate::Millis;
 use crate::config::Config;
 use crate::counters::{Counters, EngineCounters, IngestCounters};
 use crate::engine::Engine;
@@ -10,6 +9,7 @@ use crate::ingest::{Ingest, Noticed};
 use crate::owner::Owner;
 use crate::shared::Shared;
 use crate::ticket::{AgentId, Decision, Pending, Quarantined, Registration};
+use crate::time::Instant;
 
 /// The consumer-side tracker for up to `N` requests with up to `E` named edges each.
 ///
@@ -116,7 +116,7 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
     }
 
     /// [`Engine::advance`] on one thread.
-    pub fn advance(&mut self, now: Millis) -> Result<(), ClockError> {
+    pub fn advance(&mut self, now: Instant) -> Result<(), ClockError> {
         self.engine_half().advance(now)
     }
 
@@ -143,12 +143,12 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
     }
 
     /// The ledger's clock (the last `advance`).
-    pub fn now(&self) -> Millis {
+    pub fn now(&self) -> Instant {
         self.owner.now()
     }
 
     /// When the next deadline, settle end or quarantine end falls, if any request has one.
-    pub fn next_timer(&self) -> Option<Millis> {
+    pub fn next_timer(&self) -> Option<Instant> {
         self.owner.next_timer()
     }
 

@@ -17,14 +17,14 @@
 //!                    ABORTED / EXPIRED ── every edge resolved ───────────▶ (SETTLING) ─▶ released
 //!                       (quarantined)    (late notice, fence, gone)     settle end     ▲
 //!                            │                    │ quarantine end first               │
-//!                            └── quarantine_ms ran out, edges outstanding ─────────────┘ (forced)
+//!                            └── quarantine ran out, edges outstanding ────────────────┘ (forced)
 //! ```
 //!
 //! `SETTLING` (rule 8) is passed through at once, with no wait, unless a failure notice
 //! (`PUSH_FAIL:`) or a [`gone`](Engine::gone) of its agent resolved one of the request's
-//! edges less than [`settle_ms`](Config::settle_ms) ago: the write it reports may have
+//! edges less than [`settle`](Config::settle) ago: the write it reports may have
 //! failed after it was posted and still be landing, so the blocks stay fenced until
-//! `settle_ms` after the last such notice or `gone` (or, for an aborted or expired
+//! `settle` after the last such notice or `gone` (or, for an aborted or expired
 //! request, until its quarantine ends, if that comes first: a forced release is never
 //! delayed). A settling request is decided
 //! (`failed` was handed out, notices for it are `late`) but still holds its slot.
@@ -42,7 +42,7 @@
 //! request reaches exactly one of completed / failed / aborted / expired, at the latest at
 //! the first clock advance that reaches its deadline; a failure never cuts the count short;
 //! unknown ids create no state; bad input is reported and disturbs no other request;
-//! terminal outcomes are sticky; a failure notice or a `gone` settles for `settle_ms`
+//! terminal outcomes are sticky; a failure notice or a `gone` settles for `settle`
 //! before its request's blocks are released (completions and fences need no settling); a
 //! peer seen gone is not a peer that can no longer write.
 //!
@@ -67,7 +67,7 @@
 //!    [`Decision`] with [`poll_decision`](Engine::poll_decision) until `None` and act on
 //!    it.
 //! 5. On each scheduler step, [`advance`](Engine::advance) to the current monotonic time
-//!    in ms ([`next_timer`](Engine::next_timer) says when it matters next), then pull:
+//!    (an [`Instant`], see [Time](#time)) ([`next_timer`](Engine::next_timer) says when it matters next), then pull:
 //!    deadlines, quarantine ends and settle ends fire at the advance, so a `Released` that
 //!    waits for a failure notice or a `gone` to settle is decided there. A failure notice
 //!    counts as received at the time of the last `advance` before it (each `advance`
@@ -89,7 +89,7 @@
 //! [`len`](Ledger::len) counts fewer than `capacity` requests.
 //!
 //! ```
-//! use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration};
+//! use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Instant, Ledger, Registration};
 //!
 //! let mut ledger: Ledger<1024, 8> = Ledger::new(Config::with_capacity(1024));
 //! let (p0, p1) = (AgentId(0), AgentId(1));
@@ -98,7 +98,7 @@
 //!         id: "cmpl-42-0",
 //!         blocks: BlockHandle(7),
 //!         expect: Expect::Edges(&[p0, p1]),
-//!         deadline_ms: None,
+//!         deadline: None,
 //!     })
 //!     .expect("room in the table");
 //! // p1 could not post its write: the failure waits for p0's write to land.
@@ -109,14 +109,38 @@
 //!     other => panic!("unexpected {other:?}"),
 //! }
 //! // p1's write may have failed after it was posted: its blocks settle first (rule 8).
-//! ledger.advance(4_999).expect("clock forward");
+//! ledger.advance(Instant::from_millis(4_999)).expect("clock forward");
 //! assert_eq!(ledger.poll_decision(), None);
-//! ledger.advance(5_000).expect("clock forward");
+//! ledger.advance(Instant::from_millis(5_000)).expect("clock forward");
 //! match ledger.poll_decision() {
 //!     Some(Decision::Released(r)) => assert_eq!(r.into_free(), BlockHandle(7)),
 //!     other => panic!("unexpected {other:?}"),
 //! }
 //! ```
+//!
+//! ## Time
+//!
+//! The core reads no clock: the caller's monotonic clock enters as an [`Instant`] (a
+//! point, in ms from an epoch the caller picks) through [`advance`](Engine::advance), and
+//! every span the ledger is configured with or asked for is a [`Duration`] (ms):
+//! [`Config::deadline`], [`Config::quarantine`], [`Config::settle`] and a
+//! [`Registration::deadline`], which is relative to the registration. What the ledger
+//! reports back is on the same clock: [`now`](Engine::now),
+//! [`next_timer`](Engine::next_timer), and the two instants of a [`ClockError`]. Both
+//! types are one `u64` (`#[repr(transparent)]`, `Copy`), so they cost nothing over the
+//! integer; they exist so that a point and a span cannot be mixed up, and `Instant +
+//! Duration` saturates at [`Instant::MAX`] ("never") rather than wrap into the past. Inside,
+//! the atomics stay integers: the shared clock the ingest thread stamps failure notices
+//! with holds the low 32 bits of the last `advance`'s milliseconds, converted at the edge.
+//! The names are smoltcp's, not `std::time`'s (whose `Instant` reads a clock and whose
+//! `Duration` counts nanoseconds): where both are in scope, name these `kvdrain::Instant`
+//! and `kvdrain::Duration`.
+//!
+//! Where time leaves Rust it is an integer in ms again, because a text format, a C header
+//! and a Python signature have no such types: the replay format (`at MS`, `deadline=MS`,
+//! `config settle_ms=MS`), the C ABI (`uint64_t` ms) and the Python module (`int` ms)
+//! convert at their boundary with [`Instant::from_millis`] / [`Duration::from_millis`] and
+//! [`millis`](Instant::millis). A caller in Rust converts once, where it reads its clock.
 //!
 //! ## Threads
 //!
@@ -205,6 +229,7 @@ mod slot;
 mod state_word;
 mod sync;
 mod ticket;
+mod time;
 mod timers;
 mod tombstones;
 pub mod wire;
@@ -219,9 +244,7 @@ pub use ticket::{
     AgentId, BlockHandle, Decision, Drained, Expect, Failed, Outstanding, Pending, QuarantineCause,
     Quarantined, Registration, Released, RequestKey,
 };
-
-/// Milliseconds on the caller's monotonic clock.
-pub type Millis = u64;
+pub use time::{Duration, Instant};
 
 /// The most edges one request may wait for: the largest `Expect::Count`, the largest
 /// `E` of a [`Ledger<N, E>`](Ledger), and the width of [`Outstanding::Edges`]' mask.

@@ -2,11 +2,11 @@
 //! touches (configuration, clock, free list, per-request records, timers, tombstone ages,
 //! counters). [`Engine`](crate::Engine) borrows it mutably; the ingest thread never sees it.
 
-use crate::Millis;
 use crate::config::Config;
 use crate::counters::EngineCounters;
 use crate::decided::Decided;
 use crate::fingerprint::Fingerprint;
+use crate::time::Instant;
 use crate::timers::Timers;
 use crate::tombstones::TombstoneAges;
 
@@ -17,8 +17,8 @@ pub(crate) struct Request {
     pub(crate) blocks: u64,
     pub(crate) generation: u32,
     /// While counting, the deadline; while settling, the settle end (rule 8: the last
-    /// failure notice's time plus `settle_ms`). Nothing else needs it in between.
-    pub(crate) due: Millis,
+    /// failure notice's or `gone`'s time plus `Config::settle`). Nothing else needs it in between.
+    pub(crate) due: Instant,
     pub(crate) bucket: u32,
     pub(crate) fp: Fingerprint,
     pub(crate) live: bool,
@@ -42,7 +42,7 @@ pub(crate) const VACANT: Request = Request {
     key: 0,
     blocks: 0,
     generation: 0,
-    due: 0,
+    due: Instant::ZERO,
     bucket: 0,
     fp: Fingerprint { lo: 0, hi: 0 },
     live: false,
@@ -56,7 +56,7 @@ pub(crate) const VACANT: Request = Request {
 #[derive(Debug)]
 pub(crate) struct Owner<const N: usize> {
     pub(crate) config: Config,
-    pub(crate) now: Millis,
+    pub(crate) now: Instant,
     pub(crate) next_key: u64,
     pub(crate) live: usize,
     /// Slots no request holds and no queued decision names.
@@ -77,7 +77,7 @@ impl<const N: usize> Owner<N> {
     pub(crate) fn new(config: Config) -> Self {
         Owner {
             config,
-            now: 0,
+            now: Instant::ZERO,
             next_key: 0,
             live: 0,
             // Popped from the end: slot 0 first.
@@ -91,7 +91,7 @@ impl<const N: usize> Owner<N> {
             decided: Decided::new(),
         }
     }
-    pub(crate) fn now(&self) -> Millis {
+    pub(crate) fn now(&self) -> Instant {
         self.now
     }
     pub(crate) fn live(&self) -> usize {
@@ -103,7 +103,7 @@ impl<const N: usize> Owner<N> {
     pub(crate) fn counters(&self) -> &EngineCounters {
         &self.counters
     }
-    pub(crate) fn next_timer(&self) -> Option<Millis> {
+    pub(crate) fn next_timer(&self) -> Option<Instant> {
         self.timers.next_due()
     }
     /// Returns `slot` to the free list: its last decision is being handed out.

@@ -15,6 +15,8 @@
 
 use core::fmt;
 
+use crate::time::Duration;
+
 /// A producer agent, numbered by the caller (the glue maps NIXL agent names to these).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -69,8 +71,9 @@ pub struct Registration<'a> {
     pub blocks: BlockHandle,
     /// Edges to wait for.
     pub expect: Expect<'a>,
-    /// Milliseconds from registration; `None` uses the ledger's default.
-    pub deadline_ms: Option<u64>,
+    /// How long after its registration the request expires (relative, not a point in
+    /// time); `None` uses the ledger's [`Config::deadline`](crate::Config::deadline).
+    pub deadline: Option<Duration>,
 }
 
 /// A tracked request whose writes may still land, in counting or named-edge mode (the
@@ -112,7 +115,7 @@ impl Drained {
 
 /// Every edge is resolved and at least one failed: the request has failed for the client.
 /// The blocks come back in the [`Released`] that follows — at once, or once every failure
-/// notice has settled ([`Config::settle_ms`](crate::Config::settle_ms)), since a write it
+/// notice has settled ([`Config::settle`](crate::Config::settle)), since a write it
 /// reports may still be landing; their content must not be read.
 #[derive(PartialEq, Eq, Debug)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -205,7 +208,7 @@ pub enum Decision {
     /// `completed`: decode may start.
     Completed(Drained),
     /// `failed`: apply the KV load failure policy; a `Released` follows, at once or, if a
-    /// failure notice has not settled yet ([`Config::settle_ms`](crate::Config::settle_ms)),
+    /// failure notice has not settled yet ([`Config::settle`](crate::Config::settle)),
     /// from the `advance` that reaches its settle end.
     Failed(Failed),
     /// `expired`: the deadline passed with edges outstanding.

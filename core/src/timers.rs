@@ -1,6 +1,6 @@
 //! Deadlines: an indexed binary min-heap of slots keyed by `(due, registration order)`,
 //! plus a FIFO list for the common timer whose due time never decreases from one to the
-//! next (the default deadline, `now + deadline_ms`).
+//! next (the default deadline, `now + Config::deadline`).
 //!
 //! Each slot has at most one timer (its deadline while counting, its quarantine end while
 //! aborted or expired), in the heap or in the list. Heap timers are set, moved and
@@ -12,7 +12,7 @@
 //! others (catalogue F14: the sweep visits every due deadline because both structures are
 //! ordered by the current deadline, not by insertion).
 
-use crate::Millis;
+use crate::time::Instant;
 
 const NONE: u32 = u32::MAX;
 /// `pos` of a slot whose timer is in the FIFO list.
@@ -32,7 +32,7 @@ pub(crate) struct Timers<const N: usize> {
 /// One slot's timer.
 #[derive(Clone, Copy, Debug)]
 struct Timer {
-    due: Millis,
+    due: Instant,
     order: u64,
     /// Position in `heap`, `LISTED`, or `NONE`.
     pos: u32,
@@ -42,7 +42,7 @@ struct Timer {
 }
 
 const UNARMED: Timer = Timer {
-    due: 0,
+    due: Instant::ZERO,
     order: 0,
     pos: NONE,
     next: NONE,
@@ -106,7 +106,7 @@ impl<const N: usize> Timers<N> {
     }
 
     /// Arms (or moves) `slot`'s timer to fire at `due`; `order` breaks ties.
-    pub(crate) fn set(&mut self, slot: u32, due: Millis, order: u64) {
+    pub(crate) fn set(&mut self, slot: u32, due: Instant, order: u64) {
         let s = slot as usize;
         if self.timer[s].pos == LISTED {
             self.unlink(slot);
@@ -128,7 +128,7 @@ impl<const N: usize> Timers<N> {
     /// Arms `slot`'s timer (it has none) in the FIFO list: `O(1)`. `(due, order)` must
     /// not sort before that of any timer still in the list (true of `now + constant`
     /// with a clock that never goes back and increasing `order`).
-    pub(crate) fn push_back(&mut self, slot: u32, due: Millis, order: u64) {
+    pub(crate) fn push_back(&mut self, slot: u32, due: Instant, order: u64) {
         let s = slot as usize;
         debug_assert_eq!(self.timer[s].pos, NONE, "slot already has a timer");
         debug_assert!(
@@ -202,7 +202,7 @@ impl<const N: usize> Timers<N> {
     }
 
     /// Removes and returns a slot whose timer is due at `now`, earliest first.
-    pub(crate) fn pop_due(&mut self, now: Millis) -> Option<u32> {
+    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<u32> {
         let first = self.first()?;
         if self.timer[first as usize].due > now {
             return None;
@@ -212,13 +212,13 @@ impl<const N: usize> Timers<N> {
     }
 
     /// When `slot`'s timer fires, if it has one.
-    pub(crate) fn due(&self, slot: u32) -> Option<Millis> {
+    pub(crate) fn due(&self, slot: u32) -> Option<Instant> {
         let t = &self.timer[slot as usize];
         (t.pos != NONE).then_some(t.due)
     }
 
     /// When the next timer fires, if any.
-    pub(crate) fn next_due(&self) -> Option<Millis> {
+    pub(crate) fn next_due(&self) -> Option<Instant> {
         self.first().map(|s| self.timer[s as usize].due)
     }
 }
@@ -226,24 +226,29 @@ impl<const N: usize> Timers<N> {
 #[cfg(all(test, not(kvdrain_loom)))]
 mod tests {
     use super::Timers;
+    use crate::time::Instant;
+
+    fn at(ms: u64) -> Instant {
+        Instant::from_millis(ms)
+    }
 
     #[test]
     fn fires_in_due_then_order_and_skips_cancelled() {
         let mut t = Timers::<8>::new();
-        t.set(0, 50, 0);
-        t.set(1, 10, 1);
-        t.set(2, 10, 2);
-        t.set(3, 30, 3);
-        t.set(4, 5, 4);
+        t.set(0, at(50), 0);
+        t.set(1, at(10), 1);
+        t.set(2, at(10), 2);
+        t.set(3, at(30), 3);
+        t.set(4, at(5), 4);
         t.cancel(3);
-        t.set(0, 1, 0); // moved earlier
-        assert_eq!(t.next_due(), Some(1));
+        t.set(0, at(1), 0); // moved earlier
+        assert_eq!(t.next_due(), Some(at(1)));
         let mut fired = std::vec::Vec::new();
-        while let Some(s) = t.pop_due(20) {
+        while let Some(s) = t.pop_due(at(20)) {
             fired.push(s);
         }
         assert_eq!(fired, [0, 4, 1, 2]);
-        assert_eq!(t.pop_due(1000), None);
+        assert_eq!(t.pop_due(at(1000)), None);
     }
 
     #[test]
@@ -262,13 +267,13 @@ mod tests {
             match (x >> 8) % 4 {
                 3 => {
                     if !model.iter().any(|e| e.2 == slot) {
-                        t.push_back(slot, fifo_due, step);
+                        t.push_back(slot, at(fifo_due), step);
                         model.push((fifo_due, step, slot));
                     }
                 }
                 0 => {
                     let due = (x >> 16) % 1000;
-                    t.set(slot, due, step);
+                    t.set(slot, at(due), step);
                     model.retain(|e| e.2 != slot);
                     model.push((due, step, slot));
                 }
@@ -280,8 +285,8 @@ mod tests {
                     let now = (x >> 16) % 1000;
                     fifo_due = fifo_due.max(now + 300);
                     model.sort_unstable();
-                    assert_eq!(t.next_due(), model.first().map(|e| e.0));
-                    while let Some(s) = t.pop_due(now) {
+                    assert_eq!(t.next_due(), model.first().map(|e| at(e.0)));
+                    while let Some(s) = t.pop_due(at(now)) {
                         assert_eq!(model.first().map(|e| e.2), Some(s));
                         model.remove(0);
                     }

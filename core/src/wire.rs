@@ -37,7 +37,7 @@ pub enum Message<'a> {
     Completion(Body<'a>),
     /// `PUSH_FAIL:`: the sender's write for this request did not complete and will not be
     /// reported otherwise. Bytes of a write that failed after it was posted may still land
-    /// for a while: the consumer lets the notice settle (`Config::settle_ms`).
+    /// for a while: the consumer lets the notice settle (`Config::settle`).
     Failure(Body<'a>),
     /// `HB:`: producer-bound lease renewal.
     Heartbeat(Heartbeat<'a>),

@@ -3,8 +3,9 @@
 #![cfg(not(kvdrain_loom))]
 
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, ClockError, Config, Decision, Expect, IgnoreReason, Ledger,
-    Noticed, Outstanding, Pending, QuarantineCause, RegisterErrorKind, Registration,
+    AbortError, AgentId, BlockHandle, ClockError, Config, Decision, Duration, Expect, IgnoreReason,
+    Instant, Ledger, Noticed, Outstanding, Pending, QuarantineCause, RegisterErrorKind,
+    Registration,
 };
 
 const P0: AgentId = AgentId(0);
@@ -21,9 +22,9 @@ fn ledger(capacity: usize) -> L {
 fn settling_ledger(capacity: usize, settle_ms: u64) -> L {
     Ledger::new(Config {
         capacity,
-        deadline_ms: 100,
-        quarantine_ms: 1000,
-        settle_ms,
+        deadline: Duration::from_millis(100),
+        quarantine: Duration::from_millis(1000),
+        settle: Duration::from_millis(settle_ms),
         seed: 42,
     })
 }
@@ -33,7 +34,7 @@ fn counting(l: &mut L, id: &str, n: u8) -> Pending {
         id,
         blocks: BlockHandle(7),
         expect: Expect::Count(n),
-        deadline_ms: None,
+        deadline: None,
     };
     l.register(r).expect("registered")
 }
@@ -43,7 +44,7 @@ fn named(l: &mut L, id: &str) -> Pending {
         id,
         blocks: BlockHandle(7),
         expect: Expect::Edges(&[P0, P1]),
-        deadline_ms: None,
+        deadline: None,
     };
     l.register(r).expect("registered")
 }
@@ -79,7 +80,7 @@ fn queued(l: &mut L) -> Vec<Decision> {
 }
 
 fn at(l: &mut L, now: u64) -> Vec<&'static str> {
-    l.advance(now).expect("clock forward");
+    l.advance(Instant::from_millis(now)).expect("clock forward");
     words(queued(l))
 }
 
@@ -235,7 +236,7 @@ fn counting_deadline_expires_with_outstanding() {
     let _t = counting(&mut l, "r", 2);
     let _ = notice(&mut l, P0, b"r:2");
     assert!(at(&mut l, 99).is_empty());
-    l.advance(100).expect("forward");
+    l.advance(Instant::from_millis(100)).expect("forward");
     let expired = queued(&mut l);
     let [Decision::Expired(q)] = expired.as_slice() else {
         panic!("{expired:?}")
@@ -251,7 +252,7 @@ fn counting_register_same_id_is_rejected() {
         id: "r",
         blocks: BlockHandle(8),
         expect: Expect::Count(1),
-        deadline_ms: None,
+        deadline: None,
     };
     let e = l.register(again).expect_err("duplicate");
     assert_eq!(e.kind, RegisterErrorKind::DuplicateId);
@@ -306,7 +307,7 @@ fn settling_notice_abort_and_register_see_a_tracked_decided_request() {
         id: "r",
         blocks: BlockHandle(7),
         expect: Expect::Count(1),
-        deadline_ms: None,
+        deadline: None,
     };
     let refused = l.register(again).map(|_| ()).expect_err("still tracked");
     assert_eq!(refused.kind, RegisterErrorKind::DuplicateId);
@@ -327,11 +328,11 @@ fn settling_holds_its_slot_until_released() {
         id: "s",
         blocks: BlockHandle(7),
         expect: Expect::Count(1),
-        deadline_ms: None,
+        deadline: None,
     };
     let refused = l.register(refused).map(|_| ()).expect_err("full");
     assert_eq!(refused.kind, RegisterErrorKind::Full);
-    assert_eq!(l.next_timer(), Some(50));
+    assert_eq!(l.next_timer(), Some(Instant::from_millis(50)));
     assert_eq!(at(&mut l, 50), ["released"]);
     let _s = counting(&mut l, "s", 1);
 }
@@ -407,7 +408,7 @@ fn settling_a_gone_settles_from_the_gone() {
     let _ = notice(&mut l, P0, b"r:2");
     assert!(at(&mut l, 20).is_empty());
     assert_eq!(gone(&mut l, P1), ["failed"]);
-    assert_eq!(l.next_timer(), Some(70));
+    assert_eq!(l.next_timer(), Some(Instant::from_millis(70)));
     assert!(at(&mut l, 69).is_empty());
     assert_eq!(at(&mut l, 70), ["released"]);
     let c = l.engine_counters();
@@ -496,14 +497,14 @@ fn settling_a_gone_across_the_32_bit_clock_wrap() {
         id: "r",
         blocks: BlockHandle(7),
         expect: Expect::Edges(&[P0, P1]),
-        deadline_ms: Some(1000),
+        deadline: Some(Duration::from_millis(1000)),
     };
     let _t = l.register(r).expect("registered");
     assert!(gone(&mut l, P1).is_empty());
     assert!(at(&mut l, wrap + 5).is_empty());
     assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Decided);
     assert_eq!(poll(&mut l), ["failed"]);
-    assert_eq!(l.next_timer(), Some(wrap + 40));
+    assert_eq!(l.next_timer(), Some(Instant::from_millis(wrap + 40)));
     assert_eq!(at(&mut l, wrap + 40), ["released"]);
 }
 
@@ -518,14 +519,14 @@ fn settling_across_the_32_bit_clock_wrap() {
         id: "r",
         blocks: BlockHandle(7),
         expect: Expect::Edges(&[P0, P1]),
-        deadline_ms: Some(1000),
+        deadline: Some(Duration::from_millis(1000)),
     };
     let _t = l.register(r).expect("registered");
     let _ = notice(&mut l, P1, b"PUSH_FAIL:r:2");
     assert!(at(&mut l, wrap + 5).is_empty());
     assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Decided);
     assert_eq!(poll(&mut l), ["failed"]);
-    assert_eq!(l.next_timer(), Some(wrap + 40));
+    assert_eq!(l.next_timer(), Some(Instant::from_millis(wrap + 40)));
     assert!(at(&mut l, wrap + 39).is_empty());
     assert_eq!(at(&mut l, wrap + 40), ["released"]);
 }
@@ -574,7 +575,7 @@ fn decided_late_pull_hands_out_in_decision_order_across_operations() {
             id: "c",
             blocks: BlockHandle(7),
             expect: Expect::Count(1),
-            deadline_ms: Some(10),
+            deadline: Some(Duration::from_millis(10)),
         },
     )
     .expect("registered");
@@ -584,7 +585,7 @@ fn decided_late_pull_hands_out_in_decision_order_across_operations() {
     assert_eq!(l.queued_decisions(), 0, "a is decided at the pull");
     assert_eq!(poll(&mut l)[..], ["failed"]);
     let _ = notice(&mut l, P0, b"b:1");
-    l.advance(1020).expect("forward");
+    l.advance(Instant::from_millis(1020)).expect("forward");
     assert_eq!(
         l.queued_decisions(),
         3,
@@ -621,7 +622,7 @@ fn decided_late_pull_keeps_the_slot_until_the_last_decision_is_handed_out() {
     for t in tickets {
         let _ = l.abort(t).expect("aborted");
     }
-    l.advance(1000).expect("forward");
+    l.advance(Instant::from_millis(1000)).expect("forward");
     assert_eq!(l.queued_decisions(), 8);
     assert_eq!(l.len(), 0);
     assert!(
@@ -635,7 +636,7 @@ fn decided_late_pull_keeps_the_slot_until_the_last_decision_is_handed_out() {
             id: "q",
             blocks: BlockHandle(7),
             expect: Expect::Count(1),
-            deadline_ms: None,
+            deadline: None,
         },
     )
     .map(|_| ())
@@ -659,7 +660,7 @@ fn expired_late_pull_reports_what_was_owed_at_the_deadline() {
     // does not change what it reports.
     let mut l = ledger(4);
     let _t = named(&mut l, "r");
-    l.advance(100).expect("forward");
+    l.advance(Instant::from_millis(100)).expect("forward");
     assert_eq!(notice(&mut l, P0, b"r:2"), Noticed::Counted);
     let Some(Decision::Expired(q)) = l.poll_decision() else {
         panic!("expired first")
@@ -771,7 +772,7 @@ fn aborted_register_same_id_is_rejected_while_fenced() {
         id: "r",
         blocks: BlockHandle(8),
         expect: Expect::Count(1),
-        deadline_ms: None,
+        deadline: None,
     };
     assert_eq!(
         l.register(again).expect_err("tracked").kind,
@@ -899,7 +900,7 @@ fn full_table_rejects_and_hands_the_registration_back() {
         id: "c",
         blocks: BlockHandle(3),
         expect: Expect::Count(1),
-        deadline_ms: None,
+        deadline: None,
     };
     let e = l.register(c).expect_err("full");
     assert_eq!((e.kind, e.registration.id), (RegisterErrorKind::Full, "c"));
@@ -922,7 +923,7 @@ fn invalid_expectations_are_refused() {
             id: "r",
             blocks: BlockHandle(1),
             expect,
-            deadline_ms: None,
+            deadline: None,
         };
         assert!(matches!(
             l.register(r).expect_err("invalid").kind,
@@ -934,7 +935,7 @@ fn invalid_expectations_are_refused() {
         id: "r",
         blocks: BlockHandle(1),
         expect: Expect::Edges(&five),
-        deadline_ms: None,
+        deadline: None,
     };
     assert_eq!(
         l.register(r).expect_err("more than E").kind,
@@ -945,7 +946,7 @@ fn invalid_expectations_are_refused() {
         id: "r",
         blocks: BlockHandle(1),
         expect: Expect::Edges(&[P0, AgentId::STRANGER]),
-        deadline_ms: None,
+        deadline: None,
     };
     assert_eq!(
         l.register(r).expect_err("the stranger as an edge").kind,
@@ -959,10 +960,13 @@ fn clock_going_backwards_is_refused() {
     let mut l = ledger(4);
     let _ = at(&mut l, 10);
     assert_eq!(
-        l.advance(9),
-        Err(ClockError::Backwards { last: 10, now: 9 })
+        l.advance(Instant::from_millis(9)),
+        Err(ClockError::Backwards {
+            last: Instant::from_millis(10),
+            now: Instant::from_millis(9)
+        })
     );
-    assert_eq!(l.now(), 10);
+    assert_eq!(l.now(), Instant::from_millis(10));
 }
 
 #[test]
@@ -972,11 +976,11 @@ fn deadlines_fire_in_registration_order_not_deadline_order() {
         id,
         blocks: BlockHandle(7),
         expect: Expect::Count(1),
-        deadline_ms: Some(d),
+        deadline: Some(Duration::from_millis(d)),
     };
     let first = l.register(r("late-deadline", 50)).expect("ok").key();
     let second = l.register(r("early-deadline", 10)).expect("ok").key();
-    l.advance(60).expect("forward");
+    l.advance(Instant::from_millis(60)).expect("forward");
     let keys: Vec<_> = queued(&mut l).iter().map(Decision::key).collect();
     assert_eq!(keys, [first, second]);
 }

@@ -44,12 +44,11 @@
 #![cfg(kvdrain_loom)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Instant;
 
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, Config, Decision, Engine, Expect, IgnoreReason, Ingest,
-    IngestCounters, Ledger, Noticed, Outstanding, Pending, QuarantineCause, RegisterErrorKind,
-    Registration,
+    AbortError, AgentId, BlockHandle, Config, Decision, Duration, Engine, Expect, IgnoreReason,
+    Ingest, IngestCounters, Instant, Ledger, Noticed, Outstanding, Pending, QuarantineCause,
+    RegisterErrorKind, Registration,
 };
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, Ordering};
@@ -90,7 +89,7 @@ fn check(name: &str, expected: &[&str], model: impl Fn() -> String + Sync + Send
     if std::env::var_os("LOOM_MAX_BRANCHES").is_none() {
         builder.max_branches = 10_000;
     }
-    let start = Instant::now();
+    let start = std::time::Instant::now();
     builder.check(move || {
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let label = model();
@@ -153,9 +152,9 @@ fn config(capacity: usize) -> Config {
 fn settling_config(capacity: usize, settle_ms: u64) -> Config {
     Config {
         capacity,
-        deadline_ms: DEADLINE,
-        quarantine_ms: QUARANTINE,
-        settle_ms,
+        deadline: Duration::from_millis(DEADLINE),
+        quarantine: Duration::from_millis(QUARANTINE),
+        settle: Duration::from_millis(settle_ms),
         seed: 7,
     }
 }
@@ -288,7 +287,7 @@ impl Judge {
                 id,
                 blocks: BlockHandle(u64::from(id.as_bytes()[1])),
                 expect,
-                deadline_ms,
+                deadline: deadline_ms.map(Duration::from_millis),
             })
             .map_err(|e| e.kind)?;
         let key = ticket.key().get();
@@ -407,7 +406,7 @@ impl Judge {
     fn advance<const N: usize, const E: usize>(&mut self, engine: &mut Engine<'_, N, E>, now: u64) {
         self.now = now;
         engine
-            .advance(now)
+            .advance(Instant::from_millis(now))
             .expect("the models' clocks only go forward");
         self.queued(engine);
     }

@@ -6,7 +6,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration};
+use kvdrain::{
+    AgentId, BlockHandle, Config, Decision, Duration, Expect, Instant, Ledger, Registration,
+};
 
 struct Counting;
 
@@ -47,7 +49,7 @@ fn hot_path_allocates_nothing() {
     // Failure notices settle (rule 8) for less than one clock step of the loop, so the
     // settle timers fire inside it too.
     let mut ledger: Ledger<64, 4> = Ledger::new(Config {
-        settle_ms: 30,
+        settle: Duration::from_millis(30),
         ..Config::with_capacity(64)
     });
     let ids: Vec<String> = (0..256).map(|i| format!("cmpl-{i:08x}-0")).collect();
@@ -74,7 +76,7 @@ fn hot_path_allocates_nothing() {
                 id,
                 blocks: BlockHandle(i as u64),
                 expect,
-                deadline_ms: Some(50),
+                deadline: Some(Duration::from_millis(50)),
             };
             let Ok(ticket) = ledger.register(registration) else {
                 continue;
@@ -104,14 +106,14 @@ fn hot_path_allocates_nothing() {
                 drop::<Decision>(d);
             }
         }
-        let now = ledger.now() + 40 * (round + 1);
+        let now = ledger.now() + Duration::from_millis(40 * (round + 1));
         let _ = ledger.advance(now);
         while let Some(d) = ledger.poll_decision() {
             decided += 1;
             drop(d);
         }
     }
-    let _ = ledger.advance(1_000_000);
+    let _ = ledger.advance(Instant::from_millis(1_000_000));
     decided += ledger.decisions().count();
     WATCHING.with(|w| w.set(false));
 

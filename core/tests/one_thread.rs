@@ -7,7 +7,7 @@
 //! outcome for every call and the same counters.
 #![cfg(not(kvdrain_loom))]
 
-use kvdrain::{AgentId, BlockHandle, Config, Expect, Ledger, Registration};
+use kvdrain::{AgentId, BlockHandle, Config, Duration, Expect, Instant, Ledger, Registration};
 
 type L = Ledger<16, 4>;
 
@@ -16,9 +16,9 @@ const AGENTS: [AgentId; 3] = [AgentId(0), AgentId(1), AgentId(2)];
 fn ledger() -> L {
     Ledger::new(Config {
         capacity: 12,
-        deadline_ms: 60,
-        quarantine_ms: 40,
-        settle_ms: 15,
+        deadline: Duration::from_millis(60),
+        quarantine: Duration::from_millis(40),
+        settle: Duration::from_millis(15),
         seed: 7,
     })
 }
@@ -95,7 +95,7 @@ fn registration<'a>(id: &'a str, expect: u8, deadline: Option<u64>) -> Registrat
             3 => Expect::Edges(&AGENTS[..2]),
             _ => Expect::Edges(&AGENTS),
         },
-        deadline_ms: deadline,
+        deadline: deadline.map(Duration::from_millis),
     }
 }
 
@@ -120,7 +120,10 @@ macro_rules! run {
                 Step::Abort(id) => $log.push(format!("abort {:?}", $engine.abort_id(id))),
                 Step::Fence(agent) => $log.push(format!("fence {}", $engine.fence(*agent))),
                 Step::Gone(agent) => $log.push(format!("gone {}", $engine.gone(*agent))),
-                Step::Advance(now) => $log.push(format!("advance {:?}", $engine.advance(*now))),
+                Step::Advance(now) => $log.push(format!(
+                    "advance {:?}",
+                    $engine.advance(Instant::from_millis(*now))
+                )),
             }
             for d in $engine.decisions() {
                 $log.push(format!("decision {d:?}"));

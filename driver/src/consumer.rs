@@ -18,13 +18,13 @@
 //!   ([`EdgeMode::Count`]). The request is tracked in the core **before** `PUSH_REG` goes
 //!   out, so no completion can beat its state.
 //! * **Heartbeats** carry P's request ids (`remote_request_id`), grouped per producer
-//!   engine, every `lease_ms / 6`, from registration until the decision (F9).
+//!   engine, every `lease / 6`, from registration until the decision (F9).
 //! * **Lost producers** (rule 9 of the replay contract): an agent the transport reports
 //!   gone, or whose send failed with [`SendError::PeerGone`], is reported to the core with
 //!   [`gone`](kvdrain::Engine::gone) at the next poll, with that poll's clock (a failed
 //!   send is known only when it returns, after its round's clock), and with no other
 //!   wait: its outstanding edges fail then, as if it had sent a failure notice for each,
-//!   and their blocks settle for `settle_ms`, because the bytes it had already handed to
+//!   and their blocks settle for `Config::settle`, because the bytes it had already handed to
 //!   its transport keep landing (measured over UCX TCP: up to 173 ms after a reset). A
 //!   gone says nothing about requests registered later: their `PUSH_REG` does not reach
 //!   the agent (reported unreached, F6) and their edge waits for the deadline.
@@ -35,7 +35,7 @@
 //! (notifications in) and [`ConsumerEngine`] (everything else). On one thread, drive it
 //! with [`ConsumerDriver::poll`] (transport and monotonic time in), then take
 //! [`ConsumerEngine::poll_event`] from [`ConsumerDriver::engine`] until `None`;
-//! [`ConsumerEngine::next_wakeup_ms`] says when the next poll has work if no notification
+//! [`ConsumerEngine::next_wakeup`] says when the next poll has work if no notification
 //! comes first. On two, [`ConsumerDriver::split`]: the ingest thread drains and ingests,
 //! the engine thread calls [`ConsumerEngine::poll`] when the ingest half decided a request
 //! or at the next wakeup, whichever comes first.
@@ -49,8 +49,9 @@ use std::sync::Arc;
 
 use kvdrain::producer::{Topology, TopologyError};
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, Config, Decision, Engine, Expect, Ignored, Ingest, Ledger,
-    Noticed, Outstanding, Pending, Quarantined, RegisterErrorKind, Registration, RequestKey,
+    AbortError, AgentId, BlockHandle, Config, Decision, Duration, Engine, Expect, Ignored, Ingest,
+    Instant, Ledger, Noticed, Outstanding, Pending, Quarantined, RegisterErrorKind, Registration,
+    RequestKey,
 };
 
 use crate::PerRequest;
@@ -71,16 +72,16 @@ pub struct ConsumerConfig {
     pub tp_rank: u16,
     /// D's TP size.
     pub tp_size: u16,
-    /// The producers' lease in ms: heartbeats go out every `lease_ms / 6` (vLLM).
-    pub lease_ms: u64,
+    /// The producers' lease: heartbeats go out every `lease / 6` (vLLM).
+    pub lease: Duration,
     /// The core's settings (capacity, default deadline, quarantine).
     pub ledger: Config,
 }
 
 impl ConsumerConfig {
-    /// How often heartbeats go out: `lease_ms / 6` (vLLM), at least 1 ms.
-    pub fn heartbeat_interval_ms(&self) -> u64 {
-        (self.lease_ms / 6).max(1)
+    /// How often heartbeats go out: `lease / 6` (vLLM), at least 1 ms.
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis((self.lease.millis() / 6).max(1))
     }
 }
 
@@ -116,8 +117,8 @@ pub struct PushedRequest {
     pub remote_request_id: String,
     /// The producer agents this rank waits for, in edge order.
     pub producers: PerRequest<String>,
-    /// When it was registered (the driver's clock, ms).
-    pub registered_at_ms: u64,
+    /// When it was registered (the driver's clock).
+    pub registered_at: Instant,
 }
 
 impl PushedRequest {
@@ -186,8 +187,9 @@ pub struct PushRequest<'a> {
     pub blocks: BlockHandle,
     /// D's logical block ids per KV-cache group (uncached suffix), as sent in `PUSH_REG`.
     pub block_ids: Vec<Vec<u64>>,
-    /// Deadline in ms from now; `None` uses the ledger's default.
-    pub deadline_ms: Option<u64>,
+    /// How long from its registration it may wait; `None` uses the ledger's default
+    /// ([`Config::deadline`](kvdrain::Config::deadline)).
+    pub deadline: Option<Duration>,
 }
 
 /// How a registration's edges are counted.
@@ -309,8 +311,8 @@ struct EngineState {
     /// later than the clock of the round that made it, and the core settles a gone from
     /// its clock, so the report takes the next round's clock, which comes after it.
     send_failed: Vec<String>,
-    last_heartbeat_ms: u64,
-    now: u64,
+    last_heartbeat: Instant,
+    now: Instant,
     counters: ConsumerCounters,
     events: VecDeque<ConsumerEvent>,
 }
@@ -392,8 +394,8 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
                 by_id: HashMap::with_capacity(N),
                 disconnected: HashSet::new(),
                 send_failed: Vec::new(),
-                last_heartbeat_ms: 0,
-                now: 0,
+                last_heartbeat: Instant::ZERO,
+                now: Instant::ZERO,
                 counters: ConsumerCounters::default(),
                 events: VecDeque::with_capacity(N),
             },
@@ -459,7 +461,7 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         &self.directory
     }
 
-    /// One round at monotonic time `now_ms` on one thread: notifications (deciding at
+    /// One round at monotonic time `now` on one thread: notifications (deciding at
     /// once), then [`ConsumerEngine::poll`].
     ///
     /// # Errors
@@ -467,10 +469,10 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     pub fn poll<T: Transport>(
         &mut self,
         transport: &mut T,
-        now_ms: u64,
+        now: Instant,
     ) -> Result<PollReport, DrainError> {
         // Ignored input is counted by the core.
-        self.poll_observed(transport, now_ms, |_, _, _| {})
+        self.poll_observed(transport, now, |_, _, _| {})
     }
 
     /// [`poll`](Self::poll), showing `observe` each drained notification with its sender
@@ -482,7 +484,7 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     pub fn poll_observed<T: Transport>(
         &mut self,
         transport: &mut T,
-        now_ms: u64,
+        now: Instant,
         mut observe: impl for<'m> FnMut(&str, &'m [u8], Result<Noticed, Ignored<'m>>),
     ) -> Result<PollReport, DrainError> {
         let mut inbox = std::mem::take(&mut self.inbox);
@@ -501,7 +503,7 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
             }
             observe(sender, bytes, noticed);
         }
-        engine.poll(transport, now_ms);
+        engine.poll(transport, now);
         let report = PollReport {
             notifications: inbox.len(),
             decisions: engine.pending_events() - before,
@@ -537,9 +539,9 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         &mut self,
         transport: &mut T,
         request: PushRequest<'_>,
-        now_ms: u64,
+        now: Instant,
     ) -> Result<Registered, ConsumerError> {
-        self.register_with(transport, request, EdgeMode::Named, now_ms)
+        self.register_with(transport, request, EdgeMode::Named, now)
     }
 
     /// [`register`](Self::register), counting the edges as `mode` says.
@@ -551,11 +553,11 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         transport: &mut T,
         request: PushRequest<'_>,
         mode: EdgeMode,
-        now_ms: u64,
+        now: Instant,
     ) -> Result<Registered, ConsumerError> {
         let _span = tracing::debug_span!("register", req = request.id).entered();
         let st = &mut *self.state;
-        st.now = st.now.max(now_ms);
+        st.now = st.now.max(now);
         let Some(engine) = st.engines.get(request.producer_engine) else {
             return Err(ConsumerError::UnknownEngine(
                 request.producer_engine.to_owned(),
@@ -604,7 +606,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
                 id: request.id,
                 blocks: request.blocks,
                 expect,
-                deadline_ms: request.deadline_ms,
+                deadline: request.deadline,
             })
             .map_err(|e| ConsumerError::Rejected {
                 id: request.id.to_owned(),
@@ -638,7 +640,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
                     producer_engine: request.producer_engine.to_owned(),
                     remote_request_id: request.remote_request_id.to_owned(),
                     producers,
-                    registered_at_ms: st.now,
+                    registered_at: st.now,
                 },
                 heartbeat: true,
                 ticket: Some(ticket),
@@ -688,7 +690,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     /// reset, or its metadata invalidated), but nothing proves that the bytes it had
     /// already handed to its transport cannot still land: report it to the core with
     /// [`gone`](kvdrain::Engine::gone) now. Its outstanding named edges fail at once, as
-    /// by a failure notice, and their blocks settle for `settle_ms` (a counting-mode
+    /// by a failure notice, and their blocks settle for `Config::settle` (a counting-mode
     /// request still waits for its count or its deadline). Nothing more is sent to it
     /// until its engine is added again. Returns the edges resolved. The driver calls this
     /// itself for a failed send or a peer the transport reports gone.
@@ -751,15 +753,15 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         taken
     }
 
-    /// One engine round at monotonic time `now_ms`: peers whose send failed since the last
+    /// One engine round at monotonic time `now`: peers whose send failed since the last
     /// round and peers the transport reports gone reported to the core (at this round's
     /// clock), ready decisions taken, the clock advanced, heartbeats sent when due. It does
     /// not drain the transport: notifications come in through the ingest half (or
     /// [`ConsumerDriver::poll`], which drains, ingests, then calls this). Call it again at
-    /// [`next_wakeup_ms`](Self::next_wakeup_ms) or when the ingest half decided a request.
+    /// [`next_wakeup`](Self::next_wakeup) or when the ingest half decided a request.
     /// Returns the ready requests taken.
-    pub fn poll<T: Transport>(&mut self, transport: &mut T, now_ms: u64) -> usize {
-        self.state.now = self.state.now.max(now_ms);
+    pub fn poll<T: Transport>(&mut self, transport: &mut T, now: Instant) -> usize {
+        self.state.now = self.state.now.max(now);
         for name in std::mem::take(&mut self.state.send_failed) {
             self.gone_producer(&name);
         }
@@ -772,17 +774,22 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         }
         let taken = self.take_ready();
         self.advance(self.state.now);
-        let interval = self.state.config.heartbeat_interval_ms();
-        if self.state.now.saturating_sub(self.state.last_heartbeat_ms) >= interval {
-            self.state.last_heartbeat_ms = self.state.now;
+        let interval = self.state.config.heartbeat_interval();
+        if self
+            .state
+            .now
+            .saturating_duration_since(self.state.last_heartbeat)
+            >= interval
+        {
+            self.state.last_heartbeat = self.state.now;
             self.heartbeat(transport);
         }
         taken
     }
 
-    /// Advances the core's clock to `now_ms` (deadlines, quarantines).
-    pub fn advance(&mut self, now_ms: u64) {
-        self.state.now = self.state.now.max(now_ms);
+    /// Advances the core's clock to `now` (deadlines, quarantines).
+    pub fn advance(&mut self, now: Instant) {
+        self.state.now = self.state.now.max(now);
         let now = self.state.now;
         // The driver's clock only moves forward: `advance` cannot refuse it.
         let _ = self.engine.advance(now);
@@ -818,13 +825,11 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     /// seen gone) can change anything. An engine thread may sleep until then or until
     /// the ingest half decides a request, whichever comes first; a loop on one thread,
     /// until then or the next notification.
-    pub fn next_wakeup_ms(&self) -> Option<u64> {
+    pub fn next_wakeup(&self) -> Option<Instant> {
         let st = &*self.state;
         let gone = (!st.send_failed.is_empty()).then_some(st.now);
-        let heartbeat = (!st.inflight.is_empty()).then(|| {
-            st.last_heartbeat_ms
-                .saturating_add(st.config.heartbeat_interval_ms())
-        });
+        let heartbeat =
+            (!st.inflight.is_empty()).then(|| st.last_heartbeat + st.config.heartbeat_interval());
         [gone, heartbeat, self.engine.next_timer()]
             .into_iter()
             .flatten()
@@ -959,7 +964,7 @@ impl EngineState {
             producer_engine: String::new(),
             remote_request_id: String::new(),
             producers: PerRequest::new(),
-            registered_at_ms: self.now,
+            registered_at: self.now,
         }
     }
 }

@@ -17,9 +17,19 @@
 //!
 //! ## Drive contract
 //!
-//! **Time enters as a number (`now_ms`, one monotonic clock); bytes enter and leave only
-//! through the [`Transport`] passed to each call; decisions leave through `poll_event`.**
-//! No method blocks, spawns, sleeps or reads a clock.
+//! **Time enters as a [`kvdrain::Instant`] (`now`, one monotonic clock); bytes enter and
+//! leave only through the [`Transport`] passed to each call; decisions leave through
+//! `poll_event`.** No method blocks, spawns, sleeps or reads a clock.
+//!
+//! Time uses the core's types: every point on the engine's clock (`now`, a
+//! [`PushedRequest::registered_at`](consumer::PushedRequest::registered_at), a
+//! `next_wakeup`) is an [`Instant`](kvdrain::Instant) and every span (the producers'
+//! `lease`, a request's `deadline`, the heartbeat interval) a
+//! [`Duration`](kvdrain::Duration), both whole milliseconds in one `u64`. The caller picks
+//! the epoch and converts once, where it reads its clock
+//! ([`Instant::from_millis`](kvdrain::Instant::from_millis)); the wire carries no time, so
+//! nothing else converts. The C ABI and the Python module, which keep integer ms, convert
+//! at their boundary.
 //!
 //! Producer rank ([`producer::ProducerDriver`]):
 //! 1. [`offer`](producer::ProducerDriver::offer) each finished request's source blocks
@@ -47,7 +57,7 @@
 //!    drains and [`ingest`](consumer::ConsumerIngest::ingest)s each notification, and the
 //!    engine thread calls the engine half's [`poll`](consumer::ConsumerEngine::poll).
 //!    Between rounds, nothing is due before
-//!    [`next_wakeup_ms`](consumer::ConsumerEngine::next_wakeup_ms) unless a notification
+//!    [`next_wakeup`](consumer::ConsumerEngine::next_wakeup) unless a notification
 //!    arrives (one thread) or the ingest half decides a request (two). A failed drain
 //!    leaves the rest of the round done;
 //! 4. take [`poll_event`](consumer::ConsumerEngine::poll_event) until `None`: decode, fail,

@@ -17,7 +17,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use kvdrain::{BlockHandle, Config};
+use kvdrain::{BlockHandle, Config, Duration, Instant};
 use kvdrain_driver::consumer::{
     ConsumerConfig, ConsumerDriver, ConsumerEvent, ProducerEngine, PushRequest,
 };
@@ -65,7 +65,7 @@ struct Cluster {
     d: ConsumerDriver<64, 8>,
     dt: MemoryTransport,
     p: Vec<(ProducerDriver<MemoryWrite>, MemoryTransport)>,
-    now: u64,
+    now: Instant,
     /// Allocations inside consumer calls and inside producer calls.
     d_allocs: u64,
     p_allocs: u64,
@@ -78,14 +78,14 @@ fn cluster() -> Cluster {
     let dt = fabric.endpoint("d0");
     fabric.publish_consumer(D_ENGINE, 0, "d0");
     let mut ledger = Config::with_capacity(64);
-    ledger.settle_ms = 0;
+    ledger.settle = Duration::from_millis(0);
     let mut d = ConsumerDriver::new(ConsumerConfig {
         engine_id: D_ENGINE.into(),
         host: "127.0.0.1".into(),
         port: 1,
         tp_rank: 0,
         tp_size: 1,
-        lease_ms: 30_000,
+        lease: Duration::from_millis(30_000),
         ledger,
     });
     d.add_producer_engine(ProducerEngine {
@@ -111,7 +111,7 @@ fn cluster() -> Cluster {
         d,
         dt,
         p,
-        now: 0,
+        now: Instant::ZERO,
         d_allocs: 0,
         p_allocs: 0,
         decided: Vec::with_capacity(1 << 16),
@@ -140,7 +140,7 @@ impl Cluster {
             transfer_id: None,
             blocks: BlockHandle(7),
             block_ids: vec![vec![10, 11]],
-            deadline_ms: None,
+            deadline: None,
         };
         let before = allocations();
         self.d
@@ -161,7 +161,7 @@ impl Cluster {
     }
 
     fn step(&mut self) {
-        self.now += 1;
+        self.now += Duration::from_millis(1);
         for (p, t) in &mut self.p {
             let before = allocations();
             p.tick(t, self.now).expect("producer tick");

@@ -4,7 +4,7 @@
 //! No producer driver runs here: the producers are bare endpoints of the in-process
 //! fabric, so nothing lands and only the consumer's own timers and sends decide.
 
-use kvdrain::{BlockHandle, Config, Outstanding};
+use kvdrain::{BlockHandle, Config, Duration, Instant, Outstanding};
 use kvdrain_driver::Transport;
 use kvdrain_driver::consumer::{
     ConsumerConfig, ConsumerDriver, ConsumerEvent, EdgeMode, ProducerEngine, PushRequest,
@@ -15,9 +15,14 @@ use kvdrain_driver::transport::{
 };
 
 const P_ENGINE: &str = "engine-p";
-const LEASE_MS: u64 = 600;
-/// `LEASE_MS / 6`.
-const HEARTBEAT_MS: u64 = 100;
+const LEASE: Duration = Duration::from_millis(600);
+/// `LEASE / 6`.
+const HEARTBEAT: Duration = Duration::from_millis(100);
+
+/// The instant `ms` after the epoch.
+fn at(ms: u64) -> Instant {
+    Instant::from_millis(ms)
+}
 
 /// D's endpoint with two faults to switch on: every drain fails (consuming nothing), and
 /// the transport keeps quiet about peers it saw go (so a dead producer is found only by a
@@ -54,7 +59,7 @@ impl Transport for Faulty<'_> {
 }
 
 /// D rank 0 of TP 1 for a TP-2 producer engine (agents `p0`, `p1`), releasing with the
-/// decision (`settle_ms = 0`); the fabric and D's endpoint.
+/// decision (`settle` zero); the fabric and D's endpoint.
 fn consumer() -> (ConsumerDriver<64, 8>, MemoryFabric, MemoryTransport) {
     let fabric = MemoryFabric::new();
     let dt = fabric.endpoint("d0");
@@ -62,16 +67,16 @@ fn consumer() -> (ConsumerDriver<64, 8>, MemoryFabric, MemoryTransport) {
         fabric.endpoint(p);
     }
     let mut ledger = Config::with_capacity(64);
-    ledger.deadline_ms = 1_000;
-    ledger.quarantine_ms = 2_000;
-    ledger.settle_ms = 0;
+    ledger.deadline = Duration::from_millis(1_000);
+    ledger.quarantine = Duration::from_millis(2_000);
+    ledger.settle = Duration::from_millis(0);
     let mut d = ConsumerDriver::new(ConsumerConfig {
         engine_id: "engine-d".into(),
         host: "127.0.0.1".into(),
         port: 1,
         tp_rank: 0,
         tp_size: 1,
-        lease_ms: LEASE_MS,
+        lease: LEASE,
         ledger,
     });
     d.add_producer_engine(ProducerEngine {
@@ -95,7 +100,7 @@ fn request(id: &str, deadline_ms: Option<u64>) -> PushRequest<'_> {
         transfer_id: None,
         blocks: BlockHandle(7),
         block_ids: vec![vec![10, 11]],
-        deadline_ms,
+        deadline: deadline_ms.map(Duration::from_millis),
     }
 }
 
@@ -110,10 +115,15 @@ fn a_failed_drain_leaves_the_rest_of_the_round_done() {
     // never comes here), and it still waits at 250, so the heartbeat round names it.
     let mut engine = d.engine();
     engine
-        .register_with(&mut dt, request("r", Some(250)), EdgeMode::Count, 0)
+        .register_with(
+            &mut dt,
+            request("r", Some(250)),
+            EdgeMode::Count,
+            Instant::ZERO,
+        )
         .expect("register r");
     engine
-        .register(&mut dt, request("s", None), 0)
+        .register(&mut dt, request("s", None), Instant::ZERO)
         .expect("register s");
     fabric.kill("p1");
     let mut p0 = fabric.endpoint("p0");
@@ -127,7 +137,7 @@ fn a_failed_drain_leaves_the_rest_of_the_round_done() {
         fail_drain: true,
         hide_gone: false,
     };
-    let polled = d.poll(&mut failing, 250);
+    let polled = d.poll(&mut failing, at(250));
     assert_eq!(polled, Err(DrainError("injected".into())));
 
     let mut engine = d.engine();
@@ -164,15 +174,16 @@ fn a_failed_drain_leaves_the_rest_of_the_round_done() {
 fn the_engine_half_says_when_to_wake_it() {
     let (mut d, fabric, mut dt) = consumer();
     let (_ingest, mut engine) = d.split();
-    assert_eq!(
-        engine.next_wakeup_ms(),
-        None,
-        "nothing tracked, nothing due"
-    );
+    assert_eq!(engine.next_wakeup(), None, "nothing tracked, nothing due");
     engine
-        .register_with(&mut dt, request("r", Some(250)), EdgeMode::Count, 0)
+        .register_with(
+            &mut dt,
+            request("r", Some(250)),
+            EdgeMode::Count,
+            Instant::ZERO,
+        )
         .expect("register");
-    assert_eq!(engine.next_wakeup_ms(), Some(HEARTBEAT_MS));
+    assert_eq!(engine.next_wakeup(), Some(Instant::ZERO + HEARTBEAT));
 
     // p1 dies; this transport does not say so: D learns it from the heartbeat's send.
     fabric.kill("p1");
@@ -181,29 +192,32 @@ fn the_engine_half_says_when_to_wake_it() {
         fail_drain: false,
         hide_gone: true,
     };
-    engine.poll(&mut quiet, HEARTBEAT_MS);
+    engine.poll(&mut quiet, Instant::ZERO + HEARTBEAT);
     assert_eq!(
-        engine.next_wakeup_ms(),
-        Some(HEARTBEAT_MS),
+        engine.next_wakeup(),
+        Some(Instant::ZERO + HEARTBEAT),
         "the failed send is to be reported gone now"
     );
-    engine.poll(&mut quiet, HEARTBEAT_MS);
-    assert_eq!(engine.next_wakeup_ms(), Some(2 * HEARTBEAT_MS));
+    engine.poll(&mut quiet, Instant::ZERO + HEARTBEAT);
+    assert_eq!(
+        engine.next_wakeup(),
+        Some(Instant::ZERO + HEARTBEAT + HEARTBEAT)
+    );
     assert_eq!(
         engine.poll_event(),
         None,
         "a gone resolves nothing of a count"
     );
 
-    engine.poll(&mut quiet, 2 * HEARTBEAT_MS);
+    engine.poll(&mut quiet, Instant::ZERO + HEARTBEAT + HEARTBEAT);
     assert_eq!(
-        engine.next_wakeup_ms(),
-        Some(250),
+        engine.next_wakeup(),
+        Some(at(250)),
         "the deadline comes first"
     );
-    engine.poll(&mut quiet, 249);
+    engine.poll(&mut quiet, at(249));
     assert_eq!(engine.poll_event(), None, "not before its time");
-    engine.poll(&mut quiet, 250);
+    engine.poll(&mut quiet, at(250));
     assert!(matches!(
         engine.poll_event(),
         Some(ConsumerEvent::Expired { .. })

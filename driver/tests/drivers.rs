@@ -1,6 +1,6 @@
 //! Both drivers end to end over the in-process transport: one test per protocol rule.
 
-use kvdrain::{BlockHandle, Config, Outstanding};
+use kvdrain::{BlockHandle, Config, Duration, Instant, Outstanding};
 use kvdrain_driver::consumer::{
     ConsumerConfig, ConsumerDriver, ConsumerEvent, EdgeMode, ProducerEngine, PushRequest,
     Registered,
@@ -19,7 +19,7 @@ struct Cluster {
     p: Vec<(ProducerDriver<MemoryWrite>, MemoryTransport)>,
     d_events: Vec<ConsumerEvent>,
     p_events: Vec<Vec<ProducerEvent>>,
-    now: u64,
+    now: Instant,
 }
 
 /// A cluster whose consumer releases with the decision (`settle_ms = 0`, vLLM's way): the
@@ -33,16 +33,16 @@ fn cluster_settling(p_tp: u16, lease_ms: u64, extra_agents: &[&str], settle_ms: 
     let dt = fabric.endpoint("d0");
     fabric.publish_consumer(D_ENGINE, 0, "d0");
     let mut ledger = Config::with_capacity(64);
-    ledger.deadline_ms = 1_000;
-    ledger.quarantine_ms = 2_000;
-    ledger.settle_ms = settle_ms;
+    ledger.deadline = Duration::from_millis(1_000);
+    ledger.quarantine = Duration::from_millis(2_000);
+    ledger.settle = Duration::from_millis(settle_ms);
     let mut d = ConsumerDriver::new(ConsumerConfig {
         engine_id: D_ENGINE.into(),
         host: "127.0.0.1".into(),
         port: 1,
         tp_rank: 0,
         tp_size: 1,
-        lease_ms,
+        lease: Duration::from_millis(lease_ms),
         ledger,
     });
     let mut agents: Vec<String> = (0..p_tp).map(|r| format!("p{r}")).collect();
@@ -52,7 +52,7 @@ fn cluster_settling(p_tp: u16, lease_ms: u64, extra_agents: &[&str], settle_ms: 
     let p = (0..p_tp)
         .map(|r| {
             let mut config = ProducerConfig::new(P_ENGINE, r, p_tp);
-            config.lease_ms = lease_ms;
+            config.lease = Duration::from_millis(lease_ms);
             (
                 ProducerDriver::new(config),
                 fabric.endpoint(&format!("p{r}")),
@@ -76,13 +76,13 @@ fn cluster_settling(p_tp: u16, lease_ms: u64, extra_agents: &[&str], settle_ms: 
         p,
         d_events: Vec::new(),
         p_events: vec![Vec::new(); usize::from(p_tp)],
-        now: 0,
+        now: Instant::ZERO,
     }
 }
 
 impl Cluster {
     fn step(&mut self) {
-        self.now += 1;
+        self.now += Duration::from_millis(1);
         for (r, (p, t)) in self.p.iter_mut().enumerate() {
             p.tick(t, self.now).expect("producer tick");
             while let Some(e) = p.poll_event() {
@@ -140,7 +140,7 @@ impl Cluster {
                     transfer_id,
                     blocks: BlockHandle(7),
                     block_ids: vec![vec![10, 11]],
-                    deadline_ms: None,
+                    deadline: None,
                 },
                 self.now,
             )
@@ -281,7 +281,7 @@ fn f3_lease_running_out_mid_write_stops_posts_but_sources_wait_for_the_write() {
     // D's registration goes out, but D is not polled: no heartbeat reaches P in time.
     c.register("r", "r", None);
     for _ in 0..30 {
-        c.now += 1;
+        c.now += Duration::from_millis(1);
         for (r, (p, t)) in c.p.iter_mut().enumerate() {
             p.tick(t, c.now).expect("tick");
             while let Some(e) = p.poll_event() {
@@ -381,12 +381,12 @@ fn f11_a_late_copy_of_an_answered_registration_is_a_duplicate_not_f4() {
 }
 
 /// `EdgeMode::Count` asks for vLLM's count although every producer is named; and
-/// `next_wakeup_ms` names the next heartbeat, then the deadline once nothing else is due.
+/// `next_wakeup` names the next heartbeat, then the deadline once nothing else is due.
 #[test]
 fn count_mode_on_request_and_the_next_wakeup() {
     let mut c = cluster(2, 600, &[]);
     assert_eq!(
-        c.d.engine().next_wakeup_ms(),
+        c.d.engine().next_wakeup(),
         None,
         "nothing tracked, nothing due"
     );
@@ -400,16 +400,16 @@ fn count_mode_on_request_and_the_next_wakeup() {
                 transfer_id: None,
                 blocks: BlockHandle(7),
                 block_ids: vec![vec![10, 11]],
-                deadline_ms: Some(250),
+                deadline: Some(Duration::from_millis(250)),
             },
             EdgeMode::Count,
             c.now,
         )
         .expect("register");
     // Heartbeats every 600 / 6 = 100 ms from the last round (at 0), before the deadline.
-    assert_eq!(c.d.engine().next_wakeup_ms(), Some(100));
+    assert_eq!(c.d.engine().next_wakeup(), Some(Instant::from_millis(100)));
     c.run_until(400, |c| !c.d_events.is_empty());
-    assert_eq!(c.now, 250, "decided by the poll at its deadline");
+    assert_eq!(c.now.millis(), 250, "decided by the poll at its deadline");
     match &c.d_events[..] {
         [ConsumerEvent::Expired { outstanding, .. }] => {
             assert_eq!(*outstanding, Outstanding::Count(2));
@@ -507,15 +507,15 @@ fn a_dead_producer_fails_its_edges_at_once_and_settles_for_settle_ms() {
     c.run_until(200, |c| c.d_events.len() >= 2);
     assert_eq!(c.d_kinds(), ["failed", "release"]);
     assert!(
-        c.now >= seen_at + 40,
+        c.now >= seen_at + Duration::from_millis(40),
         "released at {} after a death at {killed_at} seen at {seen_at}",
         c.now
     );
     assert!(
-        c.now <= seen_at + 41,
+        c.now <= seen_at + Duration::from_millis(41),
         "released at {}, not at the settle end {}",
         c.now,
-        seen_at + 40
+        seen_at + Duration::from_millis(40)
     );
 }
 
@@ -542,7 +542,7 @@ fn a_gone_says_nothing_about_requests_registered_later() {
                     transfer_id: None,
                     blocks: BlockHandle(7),
                     block_ids: vec![vec![10, 11]],
-                    deadline_ms: Some(300),
+                    deadline: Some(Duration::from_millis(300)),
                 },
                 c.now,
             )
@@ -590,7 +590,7 @@ fn split_consumer_ingests_on_one_thread_and_decides_on_another() {
             }
         }
         let guard = StopOnDrop(stop);
-        let mut now = 0;
+        let mut now = Instant::ZERO;
         for n in 0..requests {
             let id = format!("r-{n}");
             for (p, _) in &mut c.p {
@@ -614,7 +614,7 @@ fn split_consumer_ingests_on_one_thread_and_decides_on_another() {
                         transfer_id: None,
                         blocks: BlockHandle(n),
                         block_ids: vec![vec![n]],
-                        deadline_ms: None,
+                        deadline: None,
                     },
                     now,
                 )
@@ -622,7 +622,7 @@ fn split_consumer_ingests_on_one_thread_and_decides_on_another() {
         }
         let start = std::time::Instant::now();
         while decoded < requests && start.elapsed().as_secs() < 20 {
-            now += 1;
+            now += Duration::from_millis(1);
             for (p, t) in &mut c.p {
                 p.tick(t, now).expect("tick");
                 while p.poll_event().is_some() {}
@@ -726,7 +726,7 @@ fn f7_stale_peer_metadata_is_refreshed_only_when_nothing_to_it_is_unfinished() {
     };
     let tick =
         |p: &mut ProducerDriver<MemoryWrite>, t: &mut StaleUntilForgotten, c: &mut Cluster| {
-            c.now += 1;
+            c.now += Duration::from_millis(1);
             p.tick(t, c.now).expect("tick");
             c.d.poll(&mut c.dt, c.now).expect("poll");
             while let Some(e) = c.d.engine().poll_event() {
@@ -740,7 +740,7 @@ fn f7_stale_peer_metadata_is_refreshed_only_when_nothing_to_it_is_unfinished() {
                 transfer_id: None,
                 block_ids: vec![vec![1]],
             },
-            0,
+            Instant::ZERO,
         )
         .expect("offer");
         c.register(id, id, None);
@@ -789,14 +789,14 @@ fn offers_beyond_capacity_are_handed_back() {
         transfer_id: None,
         block_ids: vec![vec![1]],
     };
-    p.offer(offer("a"), 0).expect("room");
+    p.offer(offer("a"), Instant::ZERO).expect("room");
     assert!(matches!(
-        p.offer(offer("a"), 0),
+        p.offer(offer("a"), Instant::ZERO),
         Err(kvdrain_driver::producer::OfferError::Duplicate(o)) if o.request_id == "a"
     ));
-    p.offer(offer("b"), 0).expect("room");
+    p.offer(offer("b"), Instant::ZERO).expect("room");
     assert!(matches!(
-        p.offer(offer("c"), 0),
+        p.offer(offer("c"), Instant::ZERO),
         Err(kvdrain_driver::producer::OfferError::Full(o)) if o.request_id == "c"
     ));
     assert_eq!(p.counters().offers_refused, 2);

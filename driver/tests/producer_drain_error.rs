@@ -2,7 +2,7 @@
 //! polls every posted WRITE, sends what is owed, releases sources and expires leases, then
 //! returns the drain's error.
 
-use kvdrain::wire;
+use kvdrain::{Duration, Instant, wire};
 use kvdrain_driver::Transport;
 use kvdrain_driver::memory::{MemoryFabric, MemoryTransport, MemoryWrite};
 use kvdrain_driver::producer::{Offer, ProducerConfig, ProducerDriver, ProducerEvent};
@@ -110,8 +110,8 @@ fn a_failed_drain_still_polls_writes_sends_owed_notices_and_releases() {
     // `w` pairs and is posted; `s` is registered and stashed.
     fabric.inject("d0", "p0", &registration("w"));
     fabric.inject("d0", "p0", &registration("s"));
-    p.offer(offer("w"), 0).expect("offer");
-    let first = p.tick(&mut t, 1).expect("tick");
+    p.offer(offer("w"), Instant::from_millis(0)).expect("offer");
+    let first = p.tick(&mut t, Instant::from_millis(1)).expect("tick");
     assert_eq!(
         (first.notifications, first.posted, first.finished),
         (2, 1, 0)
@@ -119,12 +119,18 @@ fn a_failed_drain_still_polls_writes_sends_owed_notices_and_releases() {
     assert!(released(&mut p).is_empty());
     // `s` is offered (pairing its stashed registration) and retired at once: its only
     // edge was never posted, so the next tick owes its consumer a PUSH_FAIL.
-    p.offer(offer("s"), 1).expect("offer");
+    p.offer(offer("s"), Instant::from_millis(1)).expect("offer");
     p.retire("s");
-    assert_eq!(p.next_wakeup_ms(), Some(1), "work queued for the next tick");
+    assert_eq!(
+        p.next_wakeup(),
+        Some(Instant::from_millis(1)),
+        "work queued for the next tick"
+    );
 
     t.fail_drain = true;
-    let err = p.tick(&mut t, 2).expect_err("the drain fails");
+    let err = p
+        .tick(&mut t, Instant::from_millis(2))
+        .expect_err("the drain fails");
     assert_eq!(err, DrainError("get_notifications: backend error".into()));
     assert_eq!(t.drains, 2);
     // The rest of the round ran: `w`'s WRITE was polled to `Success` (its completion
@@ -136,12 +142,12 @@ fn a_failed_drain_still_polls_writes_sends_owed_notices_and_releases() {
     back.sort();
     assert_eq!(back, ["s", "w"]);
     assert_eq!(p.in_flight(), 0, "both pushes are over");
-    assert_eq!(p.next_wakeup_ms(), None, "nothing left for the next tick");
+    assert_eq!(p.next_wakeup(), None, "nothing left for the next tick");
     assert_eq!(fabric.take_landed().len(), 1);
 
     // A later tick whose drain works finds nothing left to do.
     t.fail_drain = false;
-    let after = p.tick(&mut t, 3).expect("tick");
+    let after = p.tick(&mut t, Instant::from_millis(3)).expect("tick");
     assert_eq!((after.posted, after.finished, after.notices), (0, 0, 0));
 }
 
@@ -149,15 +155,15 @@ fn a_failed_drain_still_polls_writes_sends_owed_notices_and_releases() {
 fn a_failed_drain_still_expires_leases() {
     let fabric = MemoryFabric::new();
     let mut config = ProducerConfig::new("engine-p", 0, 1);
-    config.lease_ms = 10;
+    config.lease = Duration::from_millis(10);
     let mut p = ProducerDriver::new(config);
     let mut t = DrainFails {
         inner: fabric.endpoint("p0"),
         fail_drain: true,
         drains: 0,
     };
-    p.offer(offer("o"), 0).expect("offer");
-    assert!(p.tick(&mut t, 10).is_err());
+    p.offer(offer("o"), Instant::from_millis(0)).expect("offer");
+    assert!(p.tick(&mut t, Instant::from_millis(10)).is_err());
     assert_eq!(
         released(&mut p),
         ["o"],

@@ -5,7 +5,7 @@
 //! them with reuse stamps.
 //!
 //! Drive loop (every 200 µs): one [`Consumer::poll`]: notifications into the core,
-//! heartbeats to P every `lease_ms / 6` = 20 ms while the request waits (a failed one is
+//! heartbeats to P every `lease / 6` = 20 ms while the request waits (a failed one is
 //! the driver's peer-death probe: it reports P gone to the core at once, P's edge fails and
 //! its blocks settle for `settle_ms`), the clock, the decisions. No protocol rule is
 //! written here: the experiment measures the driver and core that ship. The first failure
@@ -31,16 +31,16 @@ use crate::watch::Watch;
 
 /// P's engine id as D's driver knows it.
 const P_ENGINE: &str = "late-writes-p";
-/// P's lease: the driver heartbeats every `lease_ms / 6` = 20 ms.
+/// P's lease: the driver heartbeats every `lease / 6` = 20 ms.
 const LEASE_MS: u64 = 120;
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(60);
 
 /// The ledger's configuration for a run.
 pub fn ledger_config(spec: &RunSpec) -> Config {
     Config {
-        deadline_ms: spec.deadline_ms,
-        quarantine_ms: spec.quarantine_ms,
-        settle_ms: spec.settle_ms,
+        deadline: kvdrain::Duration::from_millis(spec.deadline_ms),
+        quarantine: kvdrain::Duration::from_millis(spec.quarantine_ms),
+        settle: kvdrain::Duration::from_millis(spec.settle_ms),
         ..Config::with_capacity(4)
     }
 }
@@ -53,7 +53,7 @@ pub fn consumer_config(spec: &RunSpec) -> ConsumerConfig {
         port: 0,
         tp_rank: 0,
         tp_size: 1,
-        lease_ms: LEASE_MS,
+        lease: kvdrain::Duration::from_millis(LEASE_MS),
         ledger: ledger_config(spec),
     }
 }
@@ -159,7 +159,7 @@ pub fn run(
         .map_err(|e| e.to_string())?;
     // The deadline counts from now, not from the process start. The PUSH_REG it sends
     // goes to P, which ignores notifications.
-    let now = consumer.now_ms();
+    let now = consumer.now();
     let (mut engine, mut nixl) = consumer.engine();
     engine
         .register(
@@ -171,7 +171,7 @@ pub fn run(
                 transfer_id: None,
                 blocks: BlockHandle(0),
                 block_ids: vec![Vec::new()],
-                deadline_ms: None,
+                deadline: None,
             },
             now,
         )

@@ -23,8 +23,8 @@ use crate::model::{
 };
 use crate::spec_parse::{SpecMessage, spec_parse};
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, Config, Decision, Expect, IgnoreReason, Ledger, Noticed,
-    Outstanding, Pending, Quarantined, RegisterErrorKind, Registration,
+    AbortError, AgentId, BlockHandle, Config, Decision, Duration, Expect, IgnoreReason, Instant,
+    Ledger, Noticed, Outstanding, Pending, Quarantined, RegisterErrorKind, Registration,
 };
 
 /// Slots of the fuzzed ledger (small, so full tables are easy to reach).
@@ -190,11 +190,11 @@ fn alphabet_fits_tombstones() {
                 id,
                 blocks: BlockHandle(i as u64),
                 expect: Expect::Count(1),
-                deadline_ms: None,
+                deadline: None,
             };
             let _ticket = ledger.register(registration).expect("room");
             let _quarantined = ledger.abort_id(id).expect("tracked");
-            ledger.advance(0).expect("clock");
+            ledger.advance(Instant::ZERO).expect("clock");
             for _released in ledger.decisions() {}
         }
         assert!(ledger.is_empty());
@@ -211,9 +211,9 @@ fn alphabet_fits_tombstones() {
 fn config(capacity: usize, deadline_ms: u64, quarantine_ms: u64, settle_ms: u64) -> Config {
     Config {
         capacity,
-        deadline_ms,
-        quarantine_ms,
-        settle_ms,
+        deadline: Duration::from_millis(deadline_ms),
+        quarantine: Duration::from_millis(quarantine_ms),
+        settle: Duration::from_millis(settle_ms),
         ..Config::with_capacity(capacity)
     }
 }
@@ -445,7 +445,7 @@ impl Harness {
             id,
             blocks: BlockHandle(blocks),
             expect: real_expect,
-            deadline_ms,
+            deadline: deadline_ms.map(Duration::from_millis),
         };
         let starved = self.starved();
         let real = self.ledger.register(registration);
@@ -562,7 +562,7 @@ impl Harness {
 
     fn advance(&mut self, now: u64) {
         let queued = self.ledger.queued_decisions();
-        let result = self.ledger.advance(now);
+        let result = self.ledger.advance(Instant::from_millis(now));
         match (result, self.model.advance(now)) {
             (Ok(()), Ok(model)) => self.taken(model, &format!("advance to {now}")),
             (Err(_), Err(())) => {
@@ -575,7 +575,7 @@ impl Harness {
             }
             (real, model) => panic!("advance to {now}: real {real:?}, model {model:?}"),
         }
-        assert_eq!(self.ledger.now(), now, "clock");
+        assert_eq!(self.ledger.now().millis(), now, "clock");
         // Rule 2: by the first advance reaching its deadline every request has its outcome
         // (or waits in the ready queue, its decision taken).
         for (&key, seen) in &self.seen {
@@ -738,7 +738,7 @@ impl Harness {
         }
         // The wake-up hint is never later than the next timer that matters.
         if let Some(due) = self.model.next_due() {
-            let hint = self.ledger.next_timer();
+            let hint = self.ledger.next_timer().map(Instant::millis);
             assert!(
                 hint.is_some_and(|t| t <= due),
                 "next_timer {hint:?} later than {due} {}",

@@ -14,7 +14,9 @@
 use arbitrary::{Arbitrary, Unstructured};
 
 use kvdrain::producer::{EdgeState, PlanError, PushPlan, Topology, TopologyError, WriteShape};
-use kvdrain::{AgentId, BlockHandle, Config, Decision, Expect, Ledger, Registration};
+use kvdrain::{
+    AgentId, BlockHandle, Config, Decision, Duration, Expect, Instant, Ledger, Registration,
+};
 
 /// Sizes to pick from: small ones, one that does not divide, and some too large.
 const SIZES: [u16; 10] = [1, 2, 4, 1, 2, 8, 3, 0, 16, 128];
@@ -391,7 +393,7 @@ fn deliver(t: &Topology, expect: Expect<'_>, notices: &[(AgentId, bool)]) -> &'s
             id: "req",
             blocks: BlockHandle(1),
             expect,
-            deadline_ms: None,
+            deadline: None,
         })
         .expect("a valid registration");
     for &(agent, failed) in notices {
@@ -411,14 +413,16 @@ fn deliver(t: &Topology, expect: Expect<'_>, notices: &[(AgentId, bool)]) -> &'s
         // A failure notice settles (rule 8) before the blocks come back, at the default
         // settle end (every notice came at 0).
         [Decision::Failed(_)] if notices.iter().any(|&(_, failed)| failed) => {
-            let settle_ms = Config::with_capacity(2).settle_ms;
-            ledger.advance(settle_ms - 1).expect("clock");
+            let settle_end = Instant::ZERO + Config::with_capacity(2).settle;
+            ledger
+                .advance(settle_end.saturating_sub(Duration::from_millis(1)))
+                .expect("clock");
             let released: Vec<Decision> = ledger.decisions().collect();
             assert!(
                 released.is_empty(),
                 "released before settling: {released:?}"
             );
-            ledger.advance(settle_ms).expect("clock");
+            ledger.advance(settle_end).expect("clock");
             let released: Vec<Decision> = ledger.decisions().collect();
             match released.as_slice() {
                 [Decision::Released(r)] if !r.forced() => "failed",

@@ -108,10 +108,11 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
         &self.agent
     }
 
-    /// The clock the driver runs on: ms since this consumer was made (monotonic). Read it
-    /// before taking the [`engine`](Self::engine) half, which borrows the consumer.
-    pub fn now_ms(&self) -> u64 {
-        ms_since(self.epoch)
+    /// The clock the driver runs on: ms since this consumer was made (monotonic), as the
+    /// drivers' [`Instant`](kvdrain::Instant). Read it before taking the
+    /// [`engine`](Self::engine) half, which borrows the consumer.
+    pub fn now(&self) -> kvdrain::Instant {
+        kvdrain::Instant::from_millis(ms_since(self.epoch))
     }
 
     /// The driver (its counters, the core's counters, its configuration).
@@ -138,7 +139,7 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
     }
 
     /// The driver's engine half on this thread, with the NIXL transport it sends through:
-    /// [`register`](ConsumerEngine::register) a request (at [`now_ms`](Self::now_ms)),
+    /// [`register`](ConsumerEngine::register) a request (at [`now`](Self::now)),
     /// [`abort`](ConsumerEngine::abort) one,
     /// [`gone_producer`](ConsumerEngine::gone_producer) when the control plane saw a
     /// producer go away (died, connection reset, metadata invalidated: its edges fail at
@@ -161,7 +162,7 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
     /// [`AgentError`] if draining notifications failed (nothing was lost from the core);
     /// the rest of the round ran and its decisions were delivered.
     pub fn poll(&mut self, release: &mut impl BlockRelease) -> Result<PollReport, AgentError> {
-        let now = self.now_ms();
+        let now = self.now();
         let mut transport = NixlConsumerTransport::new(&self.agent);
         let decided_at = &mut self.decided_at;
         decided_at.clear();
@@ -306,9 +307,9 @@ pub struct EngineSide<'a, const N: usize, const E: usize> {
 }
 
 impl<'a, const N: usize, const E: usize> EngineSide<'a, N, E> {
-    /// The clock the driver runs on (as [`Consumer::now_ms`]).
-    pub fn now_ms(&self) -> u64 {
-        ms_since(self.epoch)
+    /// The clock the driver runs on (as [`Consumer::now`]).
+    pub fn now(&self) -> kvdrain::Instant {
+        kvdrain::Instant::from_millis(ms_since(self.epoch))
     }
 
     /// The driver's engine half, with the NIXL transport it sends through (as
@@ -324,7 +325,7 @@ impl<'a, const N: usize, const E: usize> EngineSide<'a, N, E> {
     /// delivered.
     pub fn poll(&mut self, release: &mut impl BlockRelease) -> usize {
         self.seen = self.published.load(Ordering::Acquire);
-        let now = self.now_ms();
+        let now = self.now();
         let mut transport = NixlConsumerTransport::new(self.agent);
         let taken = self.engine.poll(&mut transport, now);
         let pulled = Instant::now();
@@ -338,7 +339,7 @@ impl<'a, const N: usize, const E: usize> EngineSide<'a, N, E> {
 
     /// Waits until the next round has work: the pump has published a decision since the
     /// last [`poll`](Self::poll), or the engine half's
-    /// [`next_wakeup_ms`](ConsumerEngine::next_wakeup_ms) came (a heartbeat, a producer to
+    /// [`next_wakeup`](ConsumerEngine::next_wakeup) came (a heartbeat, a producer to
     /// report gone, a deadline, a settle or quarantine end), or another thread unparks
     /// this one (a wake-up for other work, or the pump stopping on an error). Spins
     /// briefly, then parks; with nothing tracked it parks until woken. Call it from the
@@ -365,11 +366,11 @@ impl<'a, const N: usize, const E: usize> EngineSide<'a, N, E> {
             std::hint::spin_loop();
         }
         // Due at `at` on the driver's clock: once `at` whole ms have passed since the
-        // epoch, `now_ms` reads at least `at`.
+        // epoch, `now` reads at least `at`.
         let wakeup = self
             .engine
-            .next_wakeup_ms()
-            .map(|at| self.epoch + Duration::from_millis(at));
+            .next_wakeup()
+            .map(|at| self.epoch + Duration::from_millis(at.millis()));
         match wakeup.into_iter().chain(also).min() {
             Some(due) => {
                 let left = due.saturating_duration_since(Instant::now());

@@ -80,8 +80,11 @@ impl Pusher {
         self.driver.in_flight()
     }
 
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    /// The driver's clock: ms since `epoch` (where this side reads its clock).
+    fn now(&self) -> kvdrain::Instant {
+        kvdrain::Instant::from_millis(
+            u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX),
+        )
     }
 
     /// A finished request's source blocks are held for pushing (its lease starts now).
@@ -89,7 +92,7 @@ impl Pusher {
     /// # Errors
     /// [`OfferError`] with the offer when the table is full or the id is offered already.
     pub fn offer(&mut self, offer: Offer) -> Result<(), OfferError> {
-        let now = self.now_ms();
+        let now = self.now();
         self.driver.offer(offer, now)
     }
 
@@ -112,7 +115,7 @@ impl Pusher {
         handshake: &mut impl Handshake,
         blocks: &mut impl SourceBlocks,
     ) -> Result<TickReport, AgentError> {
-        let now = self.now_ms();
+        let now = self.now();
         let mut transport = NixlProducerTransport {
             agent: &self.agent,
             layout: &self.layout,

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use kvdrain::{BlockHandle, Config, Outstanding};
+use kvdrain::{BlockHandle, Config, Duration, Outstanding};
 use nixl_sys::AgentConfig;
 
 use crate::agent::{AgentError, UcxAgent};
@@ -95,13 +95,13 @@ impl ConsumerSide {
             port: 5600,
             tp_rank: 0,
             tp_size: 1,
-            lease_ms: cfg.lease_ms,
+            lease: Duration::from_millis(cfg.lease_ms),
             ledger: Config {
-                deadline_ms: cfg.deadline_ms,
-                quarantine_ms: cfg.quarantine_ms,
+                deadline: Duration::from_millis(cfg.deadline_ms),
+                quarantine: Duration::from_millis(cfg.quarantine_ms),
                 // The tests expect `failed` and the release together (vLLM's behaviour);
                 // settling a failure notice (rule 8) is the core's and tested there.
-                settle_ms: 0,
+                settle: Duration::ZERO,
                 ..Config::with_capacity(CAPACITY)
             },
         };
@@ -163,7 +163,7 @@ impl ProducerSide {
             let mut agent = agent(cfg, &format!("p{r}"))?;
             agent.register_dram(pool.layout().region())?;
             let mut config = ProducerConfig::new(P_ENGINE, r, cfg.p_tp);
-            config.lease_ms = cfg.lease_ms;
+            config.lease = Duration::from_millis(cfg.lease_ms);
             pushers.push(Pusher::new(agent, config, pool.layout()));
             pools.push(pool);
         }

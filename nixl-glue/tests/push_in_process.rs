@@ -200,7 +200,7 @@ fn tp2_to_tp1_with_a_pump_thread() {
     d.consumer.with_pump_thread(|engine| {
         for n in 0..8 {
             let pid = p_id(n);
-            let now = engine.now_ms();
+            let now = engine.now();
             let (half, mut nixl) = engine.engine();
             let registered = half
                 .register(
@@ -212,7 +212,7 @@ fn tp2_to_tp1_with_a_pump_thread() {
                         transfer_id: Some(&pid),
                         blocks: BlockHandle(n),
                         block_ids: block_ids(n),
-                        deadline_ms: None,
+                        deadline: None,
                     },
                     now,
                 )
@@ -298,7 +298,7 @@ fn pr50754_scenarios_ten_times_each_then_a_healthy_request() {
             }
             clear_d_blocks(&tb, 0);
             {
-                let now = tb.d.consumer.now_ms();
+                let now = tb.d.consumer.now();
                 let (mut engine, mut nixl) = tb.d.consumer.engine();
                 engine.register(
                     &mut nixl,
@@ -309,7 +309,7 @@ fn pr50754_scenarios_ten_times_each_then_a_healthy_request() {
                         transfer_id: Some(&pid),
                         blocks: BlockHandle(0),
                         block_ids: block_ids(0),
-                        deadline_ms: None,
+                        deadline: None,
                     },
                     now,
                 )
@@ -511,7 +511,7 @@ fn heartbeats_stop_at_the_decision() {
     // P holds request "cmpl-p-0" but D's registration pairs with another key: stuck.
     offer_all(&mut tb, 0, 0);
     {
-        let now = tb.d.consumer.now_ms();
+        let now = tb.d.consumer.now();
         let (mut engine, mut nixl) = tb.d.consumer.engine();
         engine.register(
             &mut nixl,
@@ -522,7 +522,7 @@ fn heartbeats_stop_at_the_decision() {
                 transfer_id: Some("no-such-transfer"),
                 blocks: BlockHandle(0),
                 block_ids: block_ids(0),
-                deadline_ms: Some(1500),
+                deadline: Some(kvdrain::Duration::from_millis(1500)),
             },
             now,
         )

@@ -203,7 +203,7 @@ fn child_consumer() {
     for n in 0..requests {
         let pid = p_id(n);
         let unreached = {
-            let now = d.consumer.now_ms();
+            let now = d.consumer.now();
             let (mut engine, mut nixl) = d.consumer.engine();
             engine.register(
                 &mut nixl,
@@ -214,7 +214,7 @@ fn child_consumer() {
                     transfer_id: Some(&pid),
                     blocks: kvdrain::BlockHandle(n),
                     block_ids: block_ids(n),
-                    deadline_ms: None,
+                    deadline: None,
                 },
                 now,
             )
@@ -258,7 +258,7 @@ fn child_consumer() {
         // F6: a registration now reaches no producer; it ends at its deadline.
         let pid = p_id(1);
         let unreached = {
-            let now = d.consumer.now_ms();
+            let now = d.consumer.now();
             let (mut engine, mut nixl) = d.consumer.engine();
             engine.register(
                 &mut nixl,
@@ -269,7 +269,7 @@ fn child_consumer() {
                     transfer_id: Some(&pid),
                     blocks: kvdrain::BlockHandle(1),
                     block_ids: block_ids(1),
-                    deadline_ms: Some(300),
+                    deadline: Some(kvdrain::Duration::from_millis(300)),
                 },
                 now,
             )

@@ -18,7 +18,7 @@ mod session;
 
 use std::io::{self, Write};
 
-use kvdrain::{Config, Ledger};
+use kvdrain::{Config, Duration, Ledger};
 
 use crate::lines::{Line, Lines, number};
 use crate::session::{Replay, Step};
@@ -135,9 +135,10 @@ fn apply_config(config: &mut Config, line: &Line<'_>) -> Result<(), String> {
                 }
                 config.capacity = capacity;
             }
-            "deadline_ms" => config.deadline_ms = value,
-            "quarantine_ms" => config.quarantine_ms = value,
-            "settle_ms" => config.settle_ms = value,
+            // The format's spans are integers in ms, like every time in it.
+            "deadline_ms" => config.deadline = Duration::from_millis(value),
+            "quarantine_ms" => config.quarantine = Duration::from_millis(value),
+            "settle_ms" => config.settle = Duration::from_millis(value),
             _ => return Err(format!("unknown config key {key:?}")),
         }
     }

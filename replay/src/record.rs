@@ -3,14 +3,15 @@
 
 use std::io::{self, Write};
 
-use kvdrain::Millis;
+use kvdrain::Instant;
 use serde::Serialize;
 
 /// One output line (spec/replay-trace.md, "Output"): keys in this order, the optional ones
 /// only where the event has them.
 #[derive(Debug, Serialize)]
 pub(crate) struct Record<'a> {
-    pub(crate) at: Millis,
+    /// The replay's clock in ms, as the format writes it.
+    pub(crate) at: u64,
     pub(crate) event: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) req: Option<&'a str>,
@@ -31,9 +32,9 @@ pub(crate) enum Owed<'a> {
 }
 
 impl<'a> Record<'a> {
-    pub(crate) fn new(at: Millis, event: &'a str, req: Option<&'a str>) -> Self {
+    pub(crate) fn new(at: Instant, event: &'a str, req: Option<&'a str>) -> Self {
         Record {
-            at,
+            at: at.millis(),
             event,
             req,
             reason: None,

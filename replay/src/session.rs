@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::io::{self, Write};
 
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, Decision, Expect, IgnoreReason, Ledger, Millis, Outstanding,
-    Quarantined, RegisterErrorKind, Registration, RequestKey,
+    AbortError, AgentId, BlockHandle, Decision, Duration, Expect, IgnoreReason, Instant, Ledger,
+    Outstanding, Quarantined, RegisterErrorKind, Registration, RequestKey,
 };
 
 use crate::MAX_EDGES;
@@ -21,7 +21,7 @@ struct Tracked {
 }
 
 pub(crate) struct Replay<'o> {
-    now: Millis,
+    now: Instant,
     agents: HashMap<String, AgentId>,
     requests: HashMap<RequestKey, Tracked>,
     out: &'o mut (dyn Write + Send),
@@ -32,7 +32,7 @@ impl<'o> Replay<'o> {
     /// A replay at time 0 that knows no names yet, writing to `out`.
     pub(crate) fn new(out: &'o mut (dyn Write + Send)) -> Self {
         Replay {
-            now: 0,
+            now: Instant::ZERO,
             agents: HashMap::new(),
             requests: HashMap::new(),
             out,
@@ -78,14 +78,16 @@ impl Replay<'_> {
                 if args.next().is_some() {
                     return Err(Step::Trace("at takes one argument".into()));
                 }
-                if ms < self.now {
+                if ms < self.now.millis() {
                     return Err(Step::Trace(format!(
                         "clock goes backwards from {} to {ms}",
-                        self.now
+                        self.now.millis()
                     )));
                 }
-                self.now = ms;
-                ledger.advance(ms).map_err(|e| Step::Trace(e.to_string()))?;
+                self.now = Instant::from_millis(ms);
+                ledger
+                    .advance(self.now)
+                    .map_err(|e| Step::Trace(e.to_string()))?;
             }
             "register" => self.register(ledger, args)?,
             "notify" => {
@@ -199,7 +201,7 @@ impl Replay<'_> {
             id,
             blocks: BlockHandle(0),
             expect,
-            deadline_ms: deadline,
+            deadline: deadline.map(Duration::from_millis),
         };
         match ledger.register(registration) {
             Ok(ticket) => {

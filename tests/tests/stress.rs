@@ -27,11 +27,11 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, Config, Decision, Engine, Expect, IgnoreReason, Ingest,
-    IngestCounters, Ledger, Noticed, Outstanding, Pending, Quarantined, Registration, RequestKey,
+    AbortError, AgentId, BlockHandle, Config, Decision, Duration, Engine, Expect, IgnoreReason,
+    Ingest, IngestCounters, Instant, Ledger, Noticed, Outstanding, Pending, Quarantined,
+    Registration, RequestKey,
 };
 
 /// Slots of the ledger under test. The engine keeps at most `LIVE` requests at once so
@@ -42,13 +42,13 @@ const LIVE: usize = 64;
 const E: usize = 8;
 /// Requests the ingest thread works on at once (their notices interleave).
 const POOL: usize = 16;
-const QUARANTINE: u64 = 40;
+const QUARANTINE: Duration = Duration::from_millis(40);
 /// The ledger's clock runs at 1 ms per this many notices handled, so that deadlines and
 /// quarantines fall while notices are in flight whatever the speed of the build.
 const NOTICES_PER_MS: u64 = 8;
 /// Deadline of settled requests: never reached.
-const NEVER: u64 = 1 << 40;
-const FAR: u64 = 1 << 42;
+const NEVER: Duration = Duration::from_millis(1 << 40);
+const FAR: Instant = Instant::from_millis(1 << 42);
 /// Edge position that records "a counting-mode duplicate was sent".
 const DUP: usize = E - 1;
 
@@ -577,14 +577,14 @@ fn engine_thread<'s, const M: usize, const F: usize>(
             let spec = new_spec(seq, &mut rng);
             let deadline = match spec.class {
                 Class::Settled => NEVER,
-                Class::Racing => 6 + rng.below(40),
+                Class::Racing => Duration::from_millis(6 + rng.below(40)),
             };
             let ticket = engine
                 .register(Registration {
                     id: &spec.id,
                     blocks: BlockHandle(seq as u64),
                     expect: spec.expect(),
-                    deadline_ms: Some(deadline),
+                    deadline: Some(deadline),
                 })
                 .unwrap_or_else(|e| panic!("registration refused: {e}"));
             run.key_to_seq.insert(ticket.key(), seq);
@@ -639,7 +639,7 @@ fn engine_thread<'s, const M: usize, const F: usize>(
             run.queued(engine);
             run.fenced_edges += u64::from(resolved);
         }
-        let now = handled / NOTICES_PER_MS;
+        let now = Instant::from_millis(handled / NOTICES_PER_MS);
         if now > engine.now() {
             run.advances += 1;
             engine.advance(now).expect("clock forward");
@@ -679,12 +679,12 @@ fn two_threads_agree_with_a_single_threaded_replay() {
     let seed = seed();
     let config = Config {
         capacity: N,
-        deadline_ms: NEVER,
-        quarantine_ms: QUARANTINE,
+        deadline: NEVER,
+        quarantine: QUARANTINE,
         // Released with the decision, so the single-threaded replay can compare every
         // decision's place; the settling race (a failure notice's stamp against the
         // engine's clock) is model-checked in `core/tests/loom.rs`.
-        settle_ms: 0,
+        settle: Duration::ZERO,
         seed: 11,
     };
     let mut ledger: Box<Ledger<N, E>> = Box::new(Ledger::new(config));
@@ -693,7 +693,7 @@ fn two_threads_agree_with_a_single_threaded_replay() {
     let (done_tx, done_rx) = mpsc::channel::<usize>();
     let progress = AtomicU64::new(0);
 
-    let start = Instant::now();
+    let start = std::time::Instant::now();
     let (log, run) = {
         let (ingest, mut engine) = ledger.split();
         let (spoken, progress) = (&spoken, &progress);
@@ -849,7 +849,7 @@ fn replay_settled(run: &EngineRun<'_>, log: &IngestLog, config: Config) -> usize
                 id: &spec.id,
                 blocks: BlockHandle(seq as u64),
                 expect: spec.expect(),
-                deadline_ms: Some(NEVER),
+                deadline: Some(NEVER),
             })
             .unwrap_or_else(|e| panic!("replay: {e}"));
         let key = ticket.key();
@@ -915,7 +915,7 @@ fn report(
     log: &IngestLog,
     ledger: &Ledger<N, E>,
     replayed: usize,
-    elapsed: Duration,
+    elapsed: std::time::Duration,
     seed: u64,
 ) {
     let notices = log.notices.len();

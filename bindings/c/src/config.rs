@@ -1,6 +1,6 @@
 //! The run-time configuration of a ledger, and the one fixed instantiation behind it.
 
-use kvdrain::{Config, Ledger};
+use kvdrain::{Config, Duration, Ledger};
 
 use crate::status::kvdrain_status::{self, KVDRAIN_ERR_INVALID, KVDRAIN_OK};
 use crate::status::{boundary, write_opt};
@@ -54,9 +54,9 @@ impl kvdrain_config {
         let core = Config::with_capacity(capacity as usize);
         kvdrain_config {
             capacity,
-            deadline_ms: core.deadline_ms,
-            quarantine_ms: core.quarantine_ms,
-            settle_ms: 5_000,
+            deadline_ms: core.deadline.millis(),
+            quarantine_ms: core.quarantine.millis(),
+            settle_ms: core.settle.millis(),
             seed: core.seed,
         }
     }
@@ -68,9 +68,10 @@ impl kvdrain_config {
         }
         let config = Config {
             capacity: self.capacity as usize,
-            deadline_ms: self.deadline_ms,
-            quarantine_ms: self.quarantine_ms,
-            settle_ms: self.settle_ms,
+            // The ABI's spans are integers in ms.
+            deadline: Duration::from_millis(self.deadline_ms),
+            quarantine: Duration::from_millis(self.quarantine_ms),
+            settle: Duration::from_millis(self.settle_ms),
             seed: self.seed,
         };
         Ok(config)

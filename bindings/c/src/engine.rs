@@ -3,8 +3,8 @@
 use core::mem::MaybeUninit;
 
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, ClockError, EngineCounters, Expect, Quarantined,
-    RegisterErrorKind, Registration,
+    AbortError, AgentId, BlockHandle, ClockError, Duration, EngineCounters, Expect, Instant,
+    Quarantined, RegisterErrorKind, Registration,
 };
 
 use crate::decisions::{Out, kvdrain_decision, kvdrain_quarantined};
@@ -202,7 +202,7 @@ fn register(side: &mut EngineSide, r: &kvdrain_registration, key_out: *mut u64) 
         id,
         blocks: BlockHandle(r.blocks),
         expect,
-        deadline_ms: (r.deadline_ms != 0).then_some(r.deadline_ms),
+        deadline: (r.deadline_ms != 0).then_some(Duration::from_millis(r.deadline_ms)),
     };
     // A ticket is forgotten when its decision is polled, so a caller that polls late
     // keeps the tickets of decided requests: where the core would take one more request
@@ -408,9 +408,11 @@ pub unsafe extern "C" fn kvdrain_engine_advance(
 ) -> kvdrain_status {
     // SAFETY: as documented.
     unsafe {
-        with_half(engine, |side| match side.engine.advance(now_ms) {
-            Ok(()) => KVDRAIN_OK,
-            Err(ClockError::Backwards { .. }) => KVDRAIN_ERR_CLOCK_BACKWARDS,
+        with_half(engine, |side| {
+            match side.engine.advance(Instant::from_millis(now_ms)) {
+                Ok(()) => KVDRAIN_OK,
+                Err(ClockError::Backwards { .. }) => KVDRAIN_ERR_CLOCK_BACKWARDS,
+            }
         })
     }
 }
@@ -532,8 +534,11 @@ pub unsafe extern "C" fn kvdrain_engine_get_info(
                 return KVDRAIN_ERR_NULL;
             }
             let info = kvdrain_engine_info {
-                now_ms: side.engine.now(),
-                next_timer_ms: side.engine.next_timer().unwrap_or(KVDRAIN_NO_TIMER),
+                now_ms: side.engine.now().millis(),
+                next_timer_ms: side
+                    .engine
+                    .next_timer()
+                    .map_or(KVDRAIN_NO_TIMER, Instant::millis),
                 tracked: side.engine.len(),
                 queued_decisions: side.engine.queued_decisions(),
                 live_keys: side.tickets.len(),

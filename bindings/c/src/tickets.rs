@@ -191,7 +191,7 @@ mod tests {
                         id: &format!("r{i}"),
                         blocks: BlockHandle(i as u64),
                         expect: Expect::Count(1),
-                        deadline_ms: None,
+                        deadline: None,
                     })
                     .expect("room")
             })

@@ -6,7 +6,7 @@
 
 use std::sync::Mutex;
 
-use kvdrain::{AbortError, AgentId, ClockError, Config, Outstanding, RegisterErrorKind};
+use kvdrain::{AbortError, AgentId, ClockError, Config, Duration, Outstanding, RegisterErrorKind};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString};
 use pyo3::{PyTraverseError, PyVisit};
@@ -317,9 +317,10 @@ impl PyLedger {
         let defaults = Config::with_capacity(capacity);
         let config = Config {
             capacity,
-            deadline_ms,
-            quarantine_ms,
-            settle_ms,
+            // Python's spans are integers in ms.
+            deadline: Duration::from_millis(deadline_ms),
+            quarantine: Duration::from_millis(quarantine_ms),
+            settle: Duration::from_millis(settle_ms),
             seed: seed.unwrap_or(defaults.seed),
         };
         let tracker = match table_size {
@@ -524,9 +525,13 @@ impl PyLedger {
         match self.tracker.advance(py, now_ms) {
             Ok(taken) => self.decisions(py, taken),
             Err(ClockError::Backwards { last, now }) => Err(ClockBackwardsError::new_err((
-                format!("clock went backwards from {last} ms to {now} ms"),
-                last,
-                now,
+                format!(
+                    "clock went backwards from {} ms to {} ms",
+                    last.millis(),
+                    now.millis()
+                ),
+                last.millis(),
+                now.millis(),
             ))),
         }
     }

@@ -13,9 +13,9 @@
 use std::sync::{Arc, Mutex};
 
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, ClockError, Config, Decision as CoreDecision, Engine,
-    EngineCounters, Expect, Ingest, IngestCounters, Ledger, Outstanding, RegisterErrorKind,
-    Registration,
+    AbortError, AgentId, BlockHandle, ClockError, Config, Decision as CoreDecision, Duration,
+    Engine, EngineCounters, Expect, Ingest, IngestCounters, Instant, Ledger, Outstanding,
+    RegisterErrorKind, Registration,
 };
 use ouroboros::self_referencing;
 use pyo3::prelude::*;
@@ -375,7 +375,7 @@ impl<const N: usize> Tracker for Halves<N> {
                     id,
                     blocks: BlockHandle(0),
                     expect,
-                    deadline_ms,
+                    deadline: deadline_ms.map(Duration::from_millis),
                 };
                 match side.engine.register(registration) {
                     Ok(ticket) => {
@@ -393,7 +393,7 @@ impl<const N: usize> Tracker for Halves<N> {
         self.with_sides(|sides| {
             let mut side = lock(py, &sides.engine);
             let EngineSide { engine, requests } = &mut *side;
-            let at_ms = engine.now();
+            let at_ms = engine.now().millis();
             for d in engine.decisions() {
                 out.extend(taken(requests, py, at_ms, d));
             }
@@ -411,7 +411,7 @@ impl<const N: usize> Tracker for Halves<N> {
         self.with_sides(|sides| {
             let mut side = lock(py, &sides.engine);
             let EngineSide { engine, requests } = &mut *side;
-            let at_ms = engine.now();
+            let at_ms = engine.now().millis();
             for d in engine.decisions() {
                 match d {
                     CoreDecision::Completed(drained) => {
@@ -435,7 +435,7 @@ impl<const N: usize> Tracker for Halves<N> {
         self.with_sides(|sides| {
             let mut side = lock(py, &sides.engine);
             let EngineSide { engine, requests } = &mut *side;
-            engine.advance(now_ms)?;
+            engine.advance(Instant::from_millis(now_ms))?;
             take_queued(engine, |d| out.extend(taken(requests, py, now_ms, d)));
             Ok::<(), ClockError>(())
         })?;
@@ -453,7 +453,7 @@ impl<const N: usize> Tracker for Halves<N> {
             Ok(Taken {
                 kind: Kind::Aborted,
                 entry,
-                at_ms: side.engine.now(),
+                at_ms: side.engine.now().millis(),
                 forced: false,
                 outstanding: Some(q.outstanding()),
             })
@@ -465,7 +465,7 @@ impl<const N: usize> Tracker for Halves<N> {
         let resolved = self.with_sides(|sides| {
             let mut side = lock(py, &sides.engine);
             let EngineSide { engine, requests } = &mut *side;
-            let at_ms = engine.now();
+            let at_ms = engine.now().millis();
             let resolved = match how {
                 AgentEnd::Fence => engine.fence(agent),
                 AgentEnd::Gone => engine.gone(agent),
@@ -512,8 +512,8 @@ impl<const N: usize> Tracker for Halves<N> {
         self.with_sides(|sides| {
             let side = lock(py, &sides.engine);
             (
-                side.engine.now(),
-                side.engine.next_timer(),
+                side.engine.now().millis(),
+                side.engine.next_timer().map(Instant::millis),
                 side.engine.len(),
             )
         })

@@ -11,8 +11,8 @@
 use std::hint::black_box;
 
 use kvdrain::{
-    AgentId, BlockHandle, Config, Decision, Engine, Expect, Ignored, Ingest, Ledger, Noticed,
-    Pending, RegisterError, Registration,
+    AgentId, BlockHandle, Config, Decision, Duration, Engine, Expect, Ignored, Ingest, Ledger,
+    Noticed, Pending, RegisterError, Registration,
 };
 
 use super::args::{FloorArgs, IngestArgs, StreamArgs};
@@ -193,7 +193,7 @@ fn kvdrain_pass<const N: usize, const E: usize, const HALVES: bool>(w: &Workload
     // The timed loop has no clock (vLLM's path releases with the decision): a failed
     // request's blocks come back at once and its id is registered again, as before rule 8.
     let mut ledger: Ledger<N, E> = Ledger::new(Config {
-        settle_ms: 0,
+        settle: Duration::ZERO,
         ..Config::with_capacity(N)
     });
     let mut refused = 0;
@@ -202,7 +202,7 @@ fn kvdrain_pass<const N: usize, const E: usize, const HALVES: bool>(w: &Workload
             id,
             blocks: BlockHandle(i as u64),
             expect,
-            deadline_ms: None,
+            deadline: None,
         };
         refused += u64::from(ledger.register(registration).is_err());
     }
@@ -316,7 +316,7 @@ fn drive<T: Tracker>(
                         id: &ids[blocks.0 as usize],
                         blocks,
                         expect,
-                        deadline_ms: None,
+                        deadline: None,
                     };
                     t.anomalies += u64::from(ledger.register(registration).is_err());
                 }

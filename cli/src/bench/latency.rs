@@ -241,7 +241,7 @@ impl<const N: usize> Take for Decisions<'_, '_, N> {
             id: &self.ids[slot],
             blocks: BlockHandle(slot as u64),
             expect: Expect::Count(self.edges),
-            deadline_ms: None,
+            deadline: None,
         };
         // A harness that never aborts has no use for the `Pending` ticket.
         self.engine.register(registration).map(drop).map_err(drop)

@@ -9,7 +9,7 @@
 
 use std::hint::black_box;
 
-use kvdrain::{BlockHandle, Config, Decision, Expect, Ledger, Registration};
+use kvdrain::{BlockHandle, Config, Decision, Duration, Expect, Instant, Ledger, Registration};
 
 use super::args::TickArgs;
 use super::stream;
@@ -39,7 +39,7 @@ type TickFn = fn(&TickWork<'_>) -> TickPass;
 fn tick_pass<const N: usize>(w: &TickWork<'_>) -> TickPass {
     const NEVER: u64 = 1 << 40;
     let mut ledger: Ledger<N, 8> = Ledger::new(Config {
-        quarantine_ms: NEVER,
+        quarantine: Duration::from_millis(NEVER),
         ..Config::with_capacity(N)
     });
     let due = w.expiring * w.ticks;
@@ -55,7 +55,7 @@ fn tick_pass<const N: usize>(w: &TickWork<'_>) -> TickPass {
             id,
             blocks: BlockHandle(i as u64),
             expect: Expect::Count(2),
-            deadline_ms: Some(deadline_ms),
+            deadline: Some(Duration::from_millis(deadline_ms)),
         };
         other += u64::from(ledger.register(registration).is_err());
     }
@@ -93,7 +93,7 @@ fn advance_all<const N: usize>(
     other: &mut u64,
 ) {
     for now in from..=to {
-        let advanced = ledger.advance(now);
+        let advanced = ledger.advance(Instant::from_millis(now));
         *other += u64::from(advanced.is_err());
         while let Some(d) = ledger.poll_decision() {
             match d {

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use kvdrain::{BlockHandle, Config, Noticed};
+use kvdrain::{BlockHandle, Config, Duration, Noticed};
 use kvdrain_driver::Transport;
 use kvdrain_driver::consumer::{
     ConsumerConfig, ConsumerDriver, ConsumerEvent, ProducerEngine, PushRequest,
@@ -22,7 +22,12 @@ const D_ENGINE: &str = "demo-d";
 /// Runs the demo without NIXL.
 pub fn run(o: &Options) -> Summary {
     let start = Instant::now();
-    let now_ms = || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+    // The drivers' clock: ms since the demo started, read from the wall's monotonic clock.
+    let now = || {
+        kvdrain::Instant::from_millis(
+            u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
+        )
+    };
     let p_len = o.block_size / usize::from(P_TP);
     let fabric = MemoryFabric::new();
     let mut dt = fabric.endpoint("d0");
@@ -46,12 +51,12 @@ pub fn run(o: &Options) -> Summary {
         port: 0,
         tp_rank: 0,
         tp_size: 1,
-        lease_ms: 30_000,
+        lease: Duration::from_secs(30),
         // The injected faults refuse a write before it is posted, so nothing can land after
         // its failure notice; settling would only hold slots of the window (`bench ingest`
         // and the NIXL testbed do the same).
         ledger: Config {
-            settle_ms: 0,
+            settle: Duration::ZERO,
             ..Config::with_capacity(1024)
         },
     }));
@@ -105,7 +110,7 @@ pub fn run(o: &Options) -> Summary {
                     block_ids: vec![blocks.clone()],
                 };
                 // Ids are unique and the window is below the table's capacity.
-                let _ = p.offer(offer, now_ms());
+                let _ = p.offer(offer, now());
             }
             let registered = d.engine().register(
                 &mut dt,
@@ -116,9 +121,9 @@ pub fn run(o: &Options) -> Summary {
                     transfer_id: Some(&pid),
                     blocks: BlockHandle(slot),
                     block_ids: vec![blocks],
-                    deadline_ms: None,
+                    deadline: None,
                 },
-                now_ms(),
+                now(),
             );
             if registered.is_err() {
                 free.push(slot);
@@ -128,7 +133,7 @@ pub fn run(o: &Options) -> Summary {
         }
         for (p, t) in &mut producers {
             // The memory transport never fails to drain.
-            let _ = p.tick(t, now_ms());
+            let _ = p.tick(t, now());
             while let Some(
                 ProducerEvent::SourceReleased { .. } | ProducerEvent::LeaseExtended { .. },
             ) = p.poll_event()
@@ -158,7 +163,7 @@ pub fn run(o: &Options) -> Summary {
                 );
             }
         }
-        engine.poll(&mut dt, now_ms());
+        engine.poll(&mut dt, now());
         while let Some(event) = engine.poll_event() {
             match event {
                 ConsumerEvent::Decode { blocks, .. } => {

@@ -40,7 +40,7 @@ trait Pump {
 
 impl<const N: usize> Pump for Consumer<N> {
     fn register(&mut self, request: PushRequest<'_>) -> Result<(), String> {
-        let now = self.now_ms();
+        let now = self.now();
         let (mut engine, mut nixl) = self.engine();
         engine
             .register(&mut nixl, request, now)
@@ -60,7 +60,7 @@ impl<const N: usize> Pump for Consumer<N> {
 
 impl<const N: usize, const E: usize> Pump for EngineSide<'_, N, E> {
     fn register(&mut self, request: PushRequest<'_>) -> Result<(), String> {
-        let now = self.now_ms();
+        let now = self.now();
         let (engine, mut nixl) = self.engine();
         engine
             .register(&mut nixl, request, now)
@@ -620,7 +620,7 @@ impl Loop<'_> {
                     transfer_id: Some(&pid),
                     blocks: BlockHandle(slot),
                     block_ids: block_ids(o, slot),
-                    deadline_ms: None,
+                    deadline: None,
                 })
                 .map_err(|e| format!("registration refused: {e}"))?;
             }

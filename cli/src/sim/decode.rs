@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use kvdrain::{AgentId, BlockHandle, IgnoreReason, Millis, Noticed, Outstanding};
+use kvdrain::{AgentId, BlockHandle, IgnoreReason, Instant, Noticed, Outstanding};
 use kvdrain_driver::consumer::{
     ConsumerConfig, ConsumerDriver, ConsumerError, ConsumerEvent, EdgeMode, PushRequest,
 };
@@ -61,8 +61,8 @@ pub struct DecodeRank {
     /// Producer agents its transport saw gone, not reported yet.
     pub gone: VecDeque<String>,
     /// `(deadline, request)` of registrations without an outcome yet.
-    undecided: BTreeSet<(Millis, u64)>,
-    deadlines: BTreeMap<u64, Millis>,
+    undecided: BTreeSet<(u64, u64)>,
+    deadlines: BTreeMap<u64, u64>,
 }
 
 impl DecodeRank {
@@ -79,7 +79,7 @@ impl DecodeRank {
     }
 
     /// `req` was registered: it must have an outcome by `deadline` (spec rule 2).
-    pub fn expect_outcome(&mut self, req: u64, deadline: Millis) {
+    pub fn expect_outcome(&mut self, req: u64, deadline: u64) {
         self.undecided.insert((deadline, req));
         self.deadlines.insert(req, deadline);
     }
@@ -93,7 +93,7 @@ impl DecodeRank {
 
     /// The earliest registration whose deadline is at or before `now` and that has no
     /// outcome yet (spec rule 2 says there is none after a poll at `now`).
-    pub fn overdue(&self, now: Millis) -> Option<u64> {
+    pub fn overdue(&self, now: u64) -> Option<u64> {
         self.undecided
             .first()
             .filter(|&&(deadline, _)| deadline <= now)
@@ -182,7 +182,10 @@ impl World {
         let req = request_number(request.id);
         let (driver, mut link) = self.decode_rank(d);
         link.registering = req;
-        let registered = driver.engine().register_with(&mut link, request, mode, now);
+        let registered =
+            driver
+                .engine()
+                .register_with(&mut link, request, mode, Instant::from_millis(now));
         let sent = link.sent;
         self.schedule_sent(d, sent);
         registered.map(|_| ())
@@ -196,7 +199,7 @@ impl World {
         let mut seen = Vec::new();
         let (driver, mut link) = self.decode_rank(d);
         // The virtual network never fails to drain.
-        let _ = driver.poll_observed(&mut link, now, |_, _, result| {
+        let _ = driver.poll_observed(&mut link, Instant::from_millis(now), |_, _, result| {
             seen.push(result.map_err(|ignored| ignored.reason));
         });
         let sent = link.sent;

@@ -24,8 +24,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
 use std::ops::Range;
 
+use kvdrain::AgentId;
 use kvdrain::wire::{self, Message};
-use kvdrain::{AgentId, Millis};
 use kvdrain_driver::registration::PushRegistration;
 use kvdrain_driver::transport::{
     DrainError, GonePeer, Notification, Peer, PostError, Posted, SendError, Transport, WriteSpec,
@@ -45,7 +45,7 @@ pub struct RequestPaths {
     /// The producer rank that no `PUSH_REG` of the request reaches (F6).
     pub missed: Option<usize>,
     /// Slow ranks and the delay of the request's `PUSH_REG` to each.
-    pub slow: Vec<(usize, Millis)>,
+    pub slow: Vec<(usize, u64)>,
 }
 
 impl RequestPaths {
@@ -64,7 +64,7 @@ impl RequestPaths {
         RequestPaths { missed, slow }
     }
 
-    fn slow_delay(&self, rank: usize) -> Option<Millis> {
+    fn slow_delay(&self, rank: usize) -> Option<u64> {
         self.slow
             .iter()
             .find(|&&(r, _)| r == rank)
@@ -76,7 +76,7 @@ impl RequestPaths {
 #[derive(Clone, Debug)]
 pub struct ToProducer {
     /// When it arrives.
-    pub at: Millis,
+    pub at: u64,
     /// The producer rank.
     pub rank: usize,
     /// The agent it was sent to (the rank drops it if it no longer runs as that agent).
@@ -89,7 +89,7 @@ pub struct ToProducer {
 #[derive(Debug)]
 pub struct DecodeLink<'w> {
     /// The virtual time.
-    pub now: Millis,
+    pub now: u64,
     /// The run's generator.
     pub rng: &'w mut Rng,
     /// Who runs which agent.
@@ -111,7 +111,7 @@ pub struct DecodeLink<'w> {
 impl DecodeLink<'_> {
     /// When `bytes` sent now reaches producer rank `rank`, and what of it does; `None`
     /// if it is lost.
-    fn route(&mut self, rank: usize, bytes: &[u8]) -> Option<(Millis, Vec<u8>)> {
+    fn route(&mut self, rank: usize, bytes: &[u8]) -> Option<(u64, Vec<u8>)> {
         let latency = self.rng.between(0, REG_LATENCY);
         match wire::parse(bytes) {
             Ok(Message::Registration(payload)) => {
@@ -250,7 +250,7 @@ mod tests {
             link.send_notification(Peer::Agent(&name(rank)), &registration("req-5"))
                 .expect("sent");
         }
-        let reached: Vec<(usize, Millis)> = link.sent.iter().map(|m| (m.rank, m.at)).collect();
+        let reached: Vec<(usize, u64)> = link.sent.iter().map(|m| (m.rank, m.at)).collect();
         assert_eq!(reached.len(), 2, "rank 0 is missed: {reached:?}");
         assert_eq!(reached[0], (1, 210), "rank 1's path is slow");
         assert_eq!(reached[1].0, 2);

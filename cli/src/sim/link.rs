@@ -15,7 +15,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kvdrain::Millis;
 use kvdrain::wire::{self, Message};
 use kvdrain_driver::transport::{
     DrainError, GonePeer, Notification, Peer, PostError, Posted, SendError, Transport, WriteSpec,
@@ -46,7 +45,7 @@ pub struct PostedWrite {
     /// Whether its status will be unreadable to the producer (it lands or fails anyway).
     pub unknown: bool,
     /// When it ends.
-    pub done_at: Millis,
+    pub done_at: u64,
 }
 
 /// The request number of a consumer-side id `req-N`.
@@ -58,7 +57,7 @@ pub fn request_number(id: &str) -> Option<u64> {
 #[derive(Debug)]
 pub struct SimLink<'w> {
     /// The virtual time.
-    pub now: Millis,
+    pub now: u64,
     /// The run's generator.
     pub rng: &'w mut Rng,
     /// Fault rates.

@@ -4,7 +4,7 @@
 //! until they end (whole or in part, late landings included), the completions and notices
 //! they carry, and each source release checked against them (F3).
 
-use kvdrain::{AgentId, Millis};
+use kvdrain::{AgentId, Instant};
 use kvdrain_driver::producer::{Offer, ProducerEvent, notice_bytes};
 use kvdrain_driver::transport::WriteStatus;
 
@@ -64,7 +64,7 @@ impl World {
             transfer_id: None,
             block_ids: vec![Vec::new()],
         };
-        if let Err(e) = self.producers[rank].offer(offer, self.now) {
+        if let Err(e) = self.producers[rank].offer(offer, Instant::from_millis(self.now)) {
             self.violation(format!("producer rank {rank} refused an offer: {e}"));
         }
         self.want_tick(rank);
@@ -100,7 +100,7 @@ impl World {
             sent: Vec::new(),
         };
         // The virtual network never fails to drain.
-        let _ = self.producers[rank].tick(&mut link, self.now);
+        let _ = self.producers[rank].tick(&mut link, Instant::from_millis(self.now));
         let SimLink { posted, sent, .. } = link;
         for p in posted {
             self.write_posted(rank, agent, p);
@@ -129,7 +129,7 @@ impl World {
     /// Ticks `rank` again when its driver says a lease ends next (everything else it does
     /// follows an input, which queues a tick), unless a check at or before then is queued.
     fn watch_leases(&mut self, rank: usize, agent: AgentId) {
-        let Some(at) = self.producers[rank].next_wakeup_ms() else {
+        let Some(at) = self.producers[rank].next_wakeup().map(Instant::millis) else {
             return;
         };
         let at = at.max(self.now + 1);
@@ -279,7 +279,7 @@ impl World {
         self.deliver_at(at, d, agent, bytes);
     }
 
-    fn deliver_at(&mut self, at: Millis, d: usize, agent: AgentId, bytes: Vec<u8>) {
+    fn deliver_at(&mut self, at: u64, d: usize, agent: AgentId, bytes: Vec<u8>) {
         let should = Should::Genuine;
         self.agenda.push(
             at,

@@ -4,10 +4,8 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use kvdrain::Millis;
-
 struct Entry<E> {
-    at: Millis,
+    at: u64,
     seq: u64,
     event: E,
 }
@@ -48,7 +46,7 @@ impl<E> Agenda<E> {
     }
 
     /// Schedules `event` at `at`.
-    pub fn push(&mut self, at: Millis, event: E) {
+    pub fn push(&mut self, at: u64, event: E) {
         self.seq += 1;
         self.heap.push(Reverse(Entry {
             at,
@@ -58,12 +56,12 @@ impl<E> Agenda<E> {
     }
 
     /// When the next event is due.
-    pub fn next_at(&self) -> Option<Millis> {
+    pub fn next_at(&self) -> Option<u64> {
         self.heap.peek().map(|Reverse(e)| e.at)
     }
 
     /// Takes the next event.
-    pub fn pop(&mut self) -> Option<(Millis, E)> {
+    pub fn pop(&mut self) -> Option<(u64, E)> {
         self.heap.pop().map(|Reverse(e)| (e.at, e.event))
     }
 

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use kvdrain::{IgnoreReason, Millis};
+use kvdrain::IgnoreReason;
 use serde::{Serialize, Serializer};
 
 use super::faults::Faults;
@@ -88,7 +88,7 @@ pub struct Violation {
     /// Events processed before it (the step to stop at when reproducing).
     pub step: u64,
     /// Virtual time.
-    pub at: Millis,
+    pub at: u64,
     /// What broke.
     pub what: String,
 }
@@ -115,13 +115,13 @@ pub struct Report {
     /// Events processed.
     pub steps: u64,
     /// Virtual time at the end.
-    pub virtual_ms: Millis,
+    pub virtual_ms: u64,
     /// The seed.
     pub seed: u64,
     /// The topology, as the command line gives it.
     pub topology: String,
     /// The consumers' `settle_ms`.
-    pub settle_ms: Millis,
+    pub settle_ms: u64,
     /// The cost of settling: block-milliseconds held between a `failed` decision and its
     /// `released`, summed over requests and decode ranks (0 with `settle_ms = 0` unless a
     /// fence decides: a fence resolves at once).
@@ -133,7 +133,7 @@ impl Report {
     pub const KEPT: usize = 20;
 
     /// Records a violation.
-    pub fn violation(&mut self, step: u64, at: Millis, what: String) {
+    pub fn violation(&mut self, step: u64, at: u64, what: String) {
         self.violations += 1;
         if self.first_violations.len() < Self::KEPT {
             self.first_violations.push(Violation { step, at, what });
@@ -179,8 +179,8 @@ struct Line<'a> {
     seed: u64,
     topology: &'a str,
     steps: u64,
-    virtual_ms: Millis,
-    settle_ms: Millis,
+    virtual_ms: u64,
+    settle_ms: u64,
     settle_hold_block_ms: u64,
     settle_hold_per_failed_block_ms: f64,
 }

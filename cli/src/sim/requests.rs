@@ -2,8 +2,6 @@
 //! per decode rank, its blocks, which producer edges landed whole, which WRITEs are still
 //! in flight, and the one outcome the tracker gave it. The checks on decisions read this.
 
-use kvdrain::Millis;
-
 /// The one outcome a request gets on a decode rank.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Outcome {
@@ -40,7 +38,7 @@ pub struct RankPart {
     /// The tracker's outcome.
     pub outcome: Option<Outcome>,
     /// When the outcome came (for the hold after a `failed`).
-    pub decided_at: Millis,
+    pub decided_at: u64,
     /// The tracker released the blocks.
     pub released: bool,
     /// The blocks are back in the pool (released, or decode finished).
@@ -57,7 +55,7 @@ pub struct Request {
     /// Named-edge mode (else counting mode).
     pub named: bool,
     /// When it arrived.
-    pub arrived: Millis,
+    pub arrived: u64,
     /// Per decode rank.
     pub ranks: Vec<RankPart>,
     /// The producer side aborted it.

@@ -4,7 +4,7 @@
 //! (aborts, a duplicate registration, a producer's death, a full table); garbage, strays and
 //! misdirected notices are delivered around it.
 
-use kvdrain::{AgentId, BlockHandle, RegisterErrorKind};
+use kvdrain::{AgentId, BlockHandle, Duration, RegisterErrorKind};
 use kvdrain_driver::consumer::{ConsumerError, EdgeMode, PushRequest};
 use kvdrain_driver::producer::notice_bytes;
 
@@ -106,7 +106,7 @@ impl World {
             transfer_id: None,
             blocks: BlockHandle(blocks),
             block_ids: vec![Vec::new()],
-            deadline_ms,
+            deadline: deadline_ms.map(Duration::from_millis),
         };
         // A full table on any rank: the request is not pushed (the engine would prefill it
         // locally). The full rank's driver must say so; no rank registers, so no slot is

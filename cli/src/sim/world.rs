@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use kvdrain::{AgentId, Config, Millis, producer::Topology};
+use kvdrain::{AgentId, Config, Duration, Instant, producer::Topology};
 use kvdrain_driver::consumer::{ConsumerConfig, ProducerEngine};
 use kvdrain_driver::producer::{ProducerConfig, ProducerDriver};
 use kvdrain_driver::transport::{Notification, WriteStatus};
@@ -93,7 +93,7 @@ pub struct World {
     pub(super) config: SimConfig,
     pub(super) rates: Rates,
     pub(super) rng: Rng,
-    pub(super) now: Millis,
+    pub(super) now: u64,
     pub(super) agenda: Agenda<Event>,
     pub(super) cluster: Cluster,
     pub(super) consumers: Vec<DecodeRank>,
@@ -112,7 +112,7 @@ pub struct World {
     /// Per producer rank: a tick is queued at the current virtual time.
     pub(super) tick_queued: Vec<bool>,
     /// Per producer rank: when the lease check queued last falls.
-    pub(super) lease_check_at: Vec<Millis>,
+    pub(super) lease_check_at: Vec<u64>,
     pub(super) writes: BTreeMap<u64, Write>,
     pub(super) next_write: u64,
     pub(super) arrived: u64,
@@ -132,7 +132,7 @@ pub(super) fn producer_config(cluster: &Cluster, rank: usize) -> ProducerConfig 
     config.pp_stage = r.stage;
     config.pp_size = topology.p_pp;
     config.mla = topology.mla;
-    config.lease_ms = LEASE;
+    config.lease = Duration::from_millis(LEASE);
     config
 }
 
@@ -151,7 +151,7 @@ fn consumer_config(cluster: &Cluster, d: u16, ledger: Config) -> ConsumerConfig 
         port: 0,
         tp_rank: d,
         tp_size: cluster.d_tp,
-        lease_ms: LEASE,
+        lease: Duration::from_millis(LEASE),
         ledger,
     }
 }
@@ -186,9 +186,9 @@ impl World {
         let cluster = Cluster::new(config.shape, &mut rng)?;
         let tracker = Config {
             capacity: CAPACITY,
-            deadline_ms: DEADLINE,
-            quarantine_ms: QUARANTINE,
-            settle_ms: config.settle_ms,
+            deadline: Duration::from_millis(DEADLINE),
+            quarantine: Duration::from_millis(QUARANTINE),
+            settle: Duration::from_millis(config.settle_ms),
             seed: rng.next_u64(),
         };
         let mut consumers: Vec<DecodeRank> = (0..cluster.d_tp)
@@ -282,10 +282,10 @@ impl World {
     }
 
     /// The earliest time a decode rank's driver has work due, after now.
-    fn next_wakeup(&mut self) -> Option<Millis> {
+    fn next_wakeup(&mut self) -> Option<u64> {
         self.consumers
             .iter_mut()
-            .filter_map(|c| c.driver.engine().next_wakeup_ms())
+            .filter_map(|c| c.driver.engine().next_wakeup().map(Instant::millis))
             .min()
             .map(|at| at.max(self.now + 1))
     }
@@ -301,7 +301,7 @@ impl World {
     }
 
     /// Moves the clock: every decode rank polls its driver (scheduler step).
-    fn advance(&mut self, to: Millis) {
+    fn advance(&mut self, to: u64) {
         self.now = to;
         for d in 0..self.consumers.len() {
             self.poll_decode(d);

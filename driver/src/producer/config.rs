@@ -1,6 +1,8 @@
 //! The configuration of one producer rank: its place in P's topology, the lease on a finished
 //! request's source blocks, and the sizes of the driver's tables.
 
+use kvdrain::Duration;
+
 /// This producer rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProducerConfig {
@@ -18,7 +20,7 @@ pub struct ProducerConfig {
     pub mla: bool,
     /// The lease on a finished request's source blocks, from its offer (vLLM
     /// `kv_lease_duration`, 30 s).
-    pub lease_ms: u64,
+    pub lease: Duration,
     /// Requests offered or being pushed at once (an offer beyond it is refused and handed
     /// back), and registrations stashed at once.
     pub capacity: usize,
@@ -36,14 +38,14 @@ impl ProducerConfig {
             pp_stage: 0,
             pp_size: 1,
             mla: false,
-            lease_ms: 30_000,
+            lease: Duration::from_secs(30),
             capacity: 4096,
             retired_capacity: 4096,
         }
     }
 
-    /// How far a heartbeat pushes the lease: `lease_ms · 2 / 3` (vLLM).
-    pub fn lease_extension_ms(&self) -> u64 {
-        self.lease_ms * 2 / 3
+    /// How far a heartbeat pushes the lease: `lease · 2 / 3` (vLLM).
+    pub fn lease_extension(&self) -> Duration {
+        Duration::from_millis(self.lease.millis().saturating_mul(2) / 3)
     }
 }

@@ -22,7 +22,7 @@ impl<W> ProducerDriver<W> {
                 }
             },
             Ok(Message::Heartbeat(hb)) => {
-                let until = self.now.saturating_add(self.config.lease_extension_ms());
+                let until = self.now + self.config.lease_extension();
                 for id in hb.ids() {
                     let lease = if let Some(p) = self.pushes.get_mut(id) {
                         Some(&mut p.lease_until)

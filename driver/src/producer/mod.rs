@@ -23,8 +23,8 @@
 //!   `PUSH_FAIL` at once;
 //! * a consumer rank's metadata is dropped ([`Transport::forget_peer`]) only when no WRITE to
 //!   it is unfinished;
-//! * the lease (`lease_ms` from the offer) is extended by heartbeats naming **P's** request id
-//!   to `max(lease, now + lease_ms·2/3)` (vLLM); when it runs out the request is retired:
+//! * the lease (`lease` from the offer) is extended by heartbeats naming **P's** request id
+//!   to `max(lease end, now + lease·2/3)` (vLLM); when it runs out the request is retired:
 //!   nothing new is posted, but the source blocks come back only when every WRITE is
 //!   terminal (F3).
 //!
@@ -39,7 +39,7 @@
 //!    finished pushes and refresh stale peers. A failed drain stops none of it: the error is
 //!    returned after the round;
 //! 3. take [`poll_event`](ProducerDriver::poll_event) until `None`;
-//!    [`next_wakeup_ms`](ProducerDriver::next_wakeup_ms) says when the next tick has work if
+//!    [`next_wakeup`](ProducerDriver::next_wakeup) says when the next tick has work if
 //!    no input comes first.
 //!
 //! | file | concept |
@@ -69,6 +69,7 @@ mod status;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
+use kvdrain::Instant;
 use kvdrain::producer::{PlanError, PushPlan};
 
 use crate::PerRequest;
@@ -92,7 +93,7 @@ struct Push<W> {
     started: bool,
     /// The WRITEs posted and not yet terminal, by consumer rank.
     writes: PerRequest<(u16, W)>,
-    lease_until: u64,
+    lease_until: Instant,
     released: bool,
 }
 
@@ -115,9 +116,9 @@ pub struct ProducerDriver<W> {
     events: VecDeque<ProducerEvent>,
     counters: ProducerCounters,
     inbox: Vec<Notification>,
-    now: u64,
+    now: Instant,
     /// No offer's lease ends before this (a lower bound: heartbeats only push leases out).
-    offers_expire_from: u64,
+    offers_expire_from: Instant,
     /// An `offer` or `retire` since the last tick left work for the next one (a push to
     /// start, notices owed, sources to release).
     work_queued: bool,
@@ -151,8 +152,8 @@ impl<W> ProducerDriver<W> {
             events: VecDeque::new(),
             counters: ProducerCounters::default(),
             inbox: Vec::new(),
-            now: 0,
-            offers_expire_from: u64::MAX,
+            now: Instant::ZERO,
+            offers_expire_from: Instant::MAX,
             work_queued: false,
             config,
         }
@@ -181,7 +182,7 @@ impl<W> ProducerDriver<W> {
     /// the transport (a transport that cannot wake its caller for that is polled while
     /// [`in_flight`](Self::in_flight) is not 0). An engine loop (or a simulator) may sleep
     /// until then or the next input, whichever comes first.
-    pub fn next_wakeup_ms(&self) -> Option<u64> {
+    pub fn next_wakeup(&self) -> Option<Instant> {
         if self.work_queued {
             return Some(self.now);
         }
@@ -209,7 +210,7 @@ impl<W> ProducerDriver<W> {
         self.events.pop_front()
     }
 
-    /// One round at monotonic time `now_ms`: notifications, leases, new pushes, status
+    /// One round at monotonic time `now`: notifications, leases, new pushes, status
     /// polls, owed notices, releases.
     ///
     /// # Errors
@@ -219,9 +220,9 @@ impl<W> ProducerDriver<W> {
     pub fn tick<T: Transport<Write = W>>(
         &mut self,
         transport: &mut T,
-        now_ms: u64,
+        now: Instant,
     ) -> Result<TickReport, DrainError> {
-        self.now = self.now.max(now_ms);
+        self.now = self.now.max(now);
         let mut report = TickReport::default();
         let mut inbox = std::mem::take(&mut self.inbox);
         inbox.clear();

@@ -2,6 +2,8 @@
 //! table is full or the id is offered already, retired when the lease runs out before a
 //! registration pairs with it.
 
+use kvdrain::Instant;
+
 use super::ProducerDriver;
 use super::pairing::{PairingKeys, TableFull};
 
@@ -29,18 +31,18 @@ pub enum OfferError {
 
 pub(super) struct OfferEntry {
     pub(super) block_ids: Vec<Vec<u64>>,
-    pub(super) lease_until: u64,
+    pub(super) lease_until: Instant,
 }
 
 impl<W> ProducerDriver<W> {
     /// A finished request's source blocks are held for pushing under a lease of
-    /// `lease_ms` from `now_ms`; it is pushed once its registration arrives (or at the
+    /// `lease` from `now`; it is pushed once its registration arrives (or at the
     /// next tick, if it came first).
     ///
     /// # Errors
     /// [`OfferError`] with the offer: nothing is held.
-    pub fn offer(&mut self, offer: Offer, now_ms: u64) -> Result<(), OfferError> {
-        self.now = self.now.max(now_ms);
+    pub fn offer(&mut self, offer: Offer, now: Instant) -> Result<(), OfferError> {
+        self.now = self.now.max(now);
         let keys = PairingKeys::new(&offer.request_id, offer.transfer_id.as_deref());
         if self.offers.contains(&keys.id) || self.pushes.contains_key(&keys.id) {
             self.counters.offers_refused += 1;
@@ -52,7 +54,7 @@ impl<W> ProducerDriver<W> {
         }
         let entry = OfferEntry {
             block_ids: offer.block_ids,
-            lease_until: self.now.saturating_add(self.config.lease_ms),
+            lease_until: self.now + self.config.lease,
         };
         self.offers_expire_from = self.offers_expire_from.min(entry.lease_until);
         if let Some((_, reg)) = self.stash.take(&keys) {
@@ -84,7 +86,7 @@ impl<W> ProducerDriver<W> {
             .map(|(_, o)| o.lease_until)
             .filter(|&until| until > now)
             .min()
-            .unwrap_or(u64::MAX);
+            .unwrap_or(Instant::MAX);
         let mut expired: Vec<String> = self
             .offers
             .iter()

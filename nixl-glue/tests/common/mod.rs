@@ -161,7 +161,7 @@ pub fn offer_all(tb: &mut Testbed, n: u64, slot: u64) {
 pub fn register(tb: &mut Testbed, n: u64, slot: u64, deadline_ms: Option<u64>) -> Vec<String> {
     let pid = p_id(n);
     {
-        let now = tb.d.consumer.now_ms();
+        let now = tb.d.consumer.now();
         let (mut engine, mut nixl) = tb.d.consumer.engine();
         engine.register(
             &mut nixl,
@@ -172,7 +172,7 @@ pub fn register(tb: &mut Testbed, n: u64, slot: u64, deadline_ms: Option<u64>) -
                 transfer_id: Some(&pid),
                 blocks: BlockHandle(slot),
                 block_ids: block_ids(slot),
-                deadline_ms,
+                deadline: deadline_ms.map(kvdrain::Duration::from_millis),
             },
             now,
         )
