@@ -2,11 +2,13 @@
 //! polls every posted WRITE, sends what is owed, releases sources and expires leases, then
 //! returns the drain's error.
 
+mod common;
+
+use common::registration;
 use kvdrain::{Duration, Instant, wire};
 use kvdrain_driver::Transport;
 use kvdrain_driver::memory::{MemoryFabric, MemoryTransport, MemoryWrite};
 use kvdrain_driver::producer::{Offer, ProducerConfig, ProducerDriver, ProducerEvent};
-use kvdrain_driver::registration::PushRegistration;
 use kvdrain_driver::transport::{
     DrainError, GonePeer, Notification, Peer, PostError, Posted, SendError, WriteSpec, WriteStatus,
 };
@@ -40,24 +42,6 @@ impl Transport for DrainFails {
     fn peer_gone(&mut self) -> Option<GonePeer> {
         self.inner.peer_gone()
     }
-}
-
-fn registration(id: &str) -> Vec<u8> {
-    PushRegistration {
-        request_id: id.into(),
-        decode_engine_id: "engine-d".into(),
-        decode_host: "127.0.0.1".into(),
-        decode_port: 1,
-        decode_tp_size: 1,
-        local_block_ids: vec![vec![7]],
-        remote_engine_id: "engine-p".into(),
-        remote_host: "127.0.0.1".into(),
-        remote_port: 2,
-        remote_tp_size: 1,
-        remote_pp_size: 1,
-        transfer_id: None,
-    }
-    .to_notification()
 }
 
 fn offer(id: &str) -> Offer {

@@ -1,10 +1,12 @@
 //! `ProducerDriver::next_wakeup`: a loop that ticks the producer only at the time it
 //! names (or on new input) misses no lease and leaves no offered or retired work undone.
 
+mod common;
+
+use common::registration;
 use kvdrain::{Duration, Instant, wire};
 use kvdrain_driver::memory::{MemoryFabric, MemoryTransport, MemoryWrite};
 use kvdrain_driver::producer::{Offer, ProducerConfig, ProducerDriver, ProducerEvent};
-use kvdrain_driver::registration::PushRegistration;
 
 const LEASE: u64 = 90;
 
@@ -29,24 +31,6 @@ fn offer(p: &mut ProducerDriver<MemoryWrite>, id: &str, now: u64) {
         block_ids: vec![vec![1]],
     };
     p.offer(offer, at(now)).expect("offer");
-}
-
-fn registration(id: &str) -> Vec<u8> {
-    PushRegistration {
-        request_id: id.into(),
-        decode_engine_id: "engine-d".into(),
-        decode_host: "127.0.0.1".into(),
-        decode_port: 1,
-        decode_tp_size: 1,
-        local_block_ids: vec![vec![7]],
-        remote_engine_id: "engine-p".into(),
-        remote_host: "127.0.0.1".into(),
-        remote_port: 2,
-        remote_tp_size: 1,
-        remote_pp_size: 1,
-        transfer_id: None,
-    }
-    .to_notification()
 }
 
 fn released(p: &mut ProducerDriver<MemoryWrite>) -> Vec<String> {
