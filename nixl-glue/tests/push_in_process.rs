@@ -297,24 +297,18 @@ fn pr50754_scenarios_ten_times_each_then_a_healthy_request() {
                 .expect("offer");
             }
             clear_d_blocks(&tb, 0);
-            {
-                let now = tb.d.consumer.now();
-                let (mut engine, mut nixl) = tb.d.consumer.engine();
-                engine.register(
-                    &mut nixl,
-                    kvdrain_nixl::consumer::PushRequest {
-                        id: &d_id(id),
-                        producer_engine: kvdrain_nixl::testbed::P_ENGINE,
-                        remote_request_id: &pid,
-                        transfer_id: Some(&pid),
-                        blocks: BlockHandle(0),
-                        block_ids: block_ids(0),
-                        deadline: None,
-                    },
-                    now,
-                )
-            }
-            .expect("register");
+            register_request(
+                &mut tb.d,
+                kvdrain_nixl::consumer::PushRequest {
+                    id: &d_id(id),
+                    producer_engine: kvdrain_nixl::testbed::P_ENGINE,
+                    remote_request_id: &pid,
+                    transfer_id: Some(&pid),
+                    blocks: BlockHandle(0),
+                    block_ids: block_ids(0),
+                    deadline: None,
+                },
+            );
             let before = tb.d.consumer.driver().core_counters().ingest;
             // Only the first producer runs until D has counted its notice: no decision yet.
             drive_checked(
@@ -510,24 +504,18 @@ fn heartbeats_stop_at_the_decision() {
     let mut e = Engines::new(cfg.p_tp);
     // P holds request "cmpl-p-0" but D's registration pairs with another key: stuck.
     offer_all(&mut tb, 0, 0);
-    {
-        let now = tb.d.consumer.now();
-        let (mut engine, mut nixl) = tb.d.consumer.engine();
-        engine.register(
-            &mut nixl,
-            kvdrain_nixl::consumer::PushRequest {
-                id: &d_id(0),
-                producer_engine: kvdrain_nixl::testbed::P_ENGINE,
-                remote_request_id: &p_id(0),
-                transfer_id: Some("no-such-transfer"),
-                blocks: BlockHandle(0),
-                block_ids: block_ids(0),
-                deadline: Some(kvdrain::Duration::from_millis(1500)),
-            },
-            now,
-        )
-    }
-    .expect("register");
+    register_request(
+        &mut tb.d,
+        kvdrain_nixl::consumer::PushRequest {
+            id: &d_id(0),
+            producer_engine: kvdrain_nixl::testbed::P_ENGINE,
+            remote_request_id: &p_id(0),
+            transfer_id: Some("no-such-transfer"),
+            blocks: BlockHandle(0),
+            block_ids: block_ids(0),
+            deadline: Some(kvdrain::Duration::from_millis(1500)),
+        },
+    );
     run_until(&mut tb, &mut e, LIMIT, "expiry", |_, e| {
         e.d.saw("expired", &d_id(0))
     });

@@ -202,25 +202,18 @@ fn child_consumer() {
     let requests = if mode == "kill" { 1 } else { REQUESTS };
     for n in 0..requests {
         let pid = p_id(n);
-        let unreached = {
-            let now = d.consumer.now();
-            let (mut engine, mut nixl) = d.consumer.engine();
-            engine.register(
-                &mut nixl,
-                kvdrain_nixl::consumer::PushRequest {
-                    id: &d_id(n),
-                    producer_engine: kvdrain_nixl::testbed::P_ENGINE,
-                    remote_request_id: &pid,
-                    transfer_id: Some(&pid),
-                    blocks: kvdrain::BlockHandle(n),
-                    block_ids: block_ids(n),
-                    deadline: None,
-                },
-                now,
-            )
-        }
-        .expect("register")
-        .unreached;
+        let unreached = register_request(
+            &mut d,
+            kvdrain_nixl::consumer::PushRequest {
+                id: &d_id(n),
+                producer_engine: kvdrain_nixl::testbed::P_ENGINE,
+                remote_request_id: &pid,
+                transfer_id: Some(&pid),
+                blocks: kvdrain::BlockHandle(n),
+                block_ids: block_ids(n),
+                deadline: None,
+            },
+        );
         assert!(unreached.is_empty(), "{unreached:?}");
     }
     let start = Instant::now();
@@ -257,25 +250,18 @@ fn child_consumer() {
         assert_eq!((engine.gone_edges, engine.fenced_edges), (1, 0));
         // F6: a registration now reaches no producer; it ends at its deadline.
         let pid = p_id(1);
-        let unreached = {
-            let now = d.consumer.now();
-            let (mut engine, mut nixl) = d.consumer.engine();
-            engine.register(
-                &mut nixl,
-                kvdrain_nixl::consumer::PushRequest {
-                    id: &d_id(1),
-                    producer_engine: kvdrain_nixl::testbed::P_ENGINE,
-                    remote_request_id: &pid,
-                    transfer_id: Some(&pid),
-                    blocks: kvdrain::BlockHandle(1),
-                    block_ids: block_ids(1),
-                    deadline: Some(kvdrain::Duration::from_millis(300)),
-                },
-                now,
-            )
-        }
-        .expect("register")
-        .unreached;
+        let unreached = register_request(
+            &mut d,
+            kvdrain_nixl::consumer::PushRequest {
+                id: &d_id(1),
+                producer_engine: kvdrain_nixl::testbed::P_ENGINE,
+                remote_request_id: &pid,
+                transfer_id: Some(&pid),
+                blocks: kvdrain::BlockHandle(1),
+                block_ids: block_ids(1),
+                deadline: Some(kvdrain::Duration::from_millis(300)),
+            },
+        );
         assert_eq!(unreached.len(), 2, "both producers reported unreached");
         let start = Instant::now();
         while !rec.saw("expired", &d_id(1)) {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use kvdrain::BlockHandle;
 use kvdrain_nixl::consumer::PushRequest;
 use kvdrain_nixl::producer::Offer;
-use kvdrain_nixl::testbed::{P_ENGINE, Recorder, Testbed, TestbedConfig, pattern};
+use kvdrain_nixl::testbed::{ConsumerSide, P_ENGINE, Recorder, Testbed, TestbedConfig, pattern};
 
 /// Real NIXL tests run one at a time (the nixl-sys README warns of deadlocks).
 pub fn serial() -> MutexGuard<'static, ()> {
@@ -160,23 +160,27 @@ pub fn offer_all(tb: &mut Testbed, n: u64, slot: u64) {
 /// Registers request `n` (D blocks of `slot`) with D; returns the producers it could not reach.
 pub fn register(tb: &mut Testbed, n: u64, slot: u64, deadline_ms: Option<u64>) -> Vec<String> {
     let pid = p_id(n);
-    {
-        let now = tb.d.consumer.now();
-        let (mut engine, mut nixl) = tb.d.consumer.engine();
-        engine.register(
-            &mut nixl,
-            PushRequest {
-                id: &d_id(n),
-                producer_engine: P_ENGINE,
-                remote_request_id: &pid,
-                transfer_id: Some(&pid),
-                blocks: BlockHandle(slot),
-                block_ids: block_ids(slot),
-                deadline: deadline_ms.map(kvdrain::Duration::from_millis),
-            },
-            now,
-        )
-    }
-    .expect("register")
-    .unreached
+    register_request(
+        &mut tb.d,
+        PushRequest {
+            id: &d_id(n),
+            producer_engine: P_ENGINE,
+            remote_request_id: &pid,
+            transfer_id: Some(&pid),
+            blocks: BlockHandle(slot),
+            block_ids: block_ids(slot),
+            deadline: deadline_ms.map(kvdrain::Duration::from_millis),
+        },
+    )
+}
+
+/// Registers `request` with D's consumer at D's clock, through its engine half; returns the
+/// producers it could not reach.
+pub fn register_request(d: &mut ConsumerSide, request: PushRequest<'_>) -> Vec<String> {
+    let now = d.consumer.now();
+    let (mut engine, mut nixl) = d.consumer.engine();
+    engine
+        .register(&mut nixl, request, now)
+        .expect("register")
+        .unreached
 }
