@@ -329,24 +329,23 @@ def make_worker(
     )
     w.transfer_topo = topo
     if isinstance(w, KvdrainPushWorker):
-        w.kvdrain_setup(settings or Settings(60_000, 60_000, 5_000, 256), clock=clock)
+        w.kvdrain_attach(settings or Settings(60_000, 60_000, 5_000, 256), clock=clock)
     return w
 
 
 def writer_round(w: NixlPushConnectorWorker) -> None:
-    """One round of the worker's writer thread, run inline (deterministic): the plugin's
-    own round, or the body of vLLM's writer loop step 4 for vLLM's worker."""
-    if isinstance(w, KvdrainPushWorker):
-        w._kvdrain_writer_round()
-        return
-    # vLLM 0.33's writer thread sends the queued registrations (its loop step 1), then
-    # does exactly this with each batch (its loop step 4).
+    """One round of the worker's writer thread, run inline (deterministic): the body of
+    vLLM 0.33's writer loop, steps 1 and 4 (the registrations to send, then one NIXL
+    batch, ``PUSH_REG:`` to vLLM's handler and the rest to the engine thread). The
+    plugin runs this same code of vLLM's; it sees the batch through its NIXL tap."""
     while not w._reg_send_inbox.empty():
         rid, reg = w._reg_send_inbox.get_nowait()
         w._send_registration_to_p(rid, reg)
     for notifs in w.nixl_wrapper.get_new_notifs().values():
         for notif in notifs:
-            if not notif.startswith(b"PUSH_REG:"):
+            if notif.startswith(b"PUSH_REG:"):
+                w._handle_push_reg_notif(notif)
+            else:
                 w._pending_completion_notifs.put(notif)
 
 

@@ -106,8 +106,8 @@ def test_self_caused_not_found_sends_nothing_and_holds_the_source_blocks(which: 
         assert r.finished_sending == {"p-r"}
         return
     assert r.finished_sending == set()
-    assert isinstance(p.w.kvdrain_settings, Settings)
-    p.clock.advance_ms(p.w.kvdrain_settings.quarantine_ms)
+    assert isinstance(p.w.kvdrain_prefill.settings, Settings)
+    p.clock.advance_ms(p.w.kvdrain_prefill.settings.quarantine_ms)
     assert p.results().finished_sending == {"p-r"}
     assert p.results().finished_sending == set()  # once
 
