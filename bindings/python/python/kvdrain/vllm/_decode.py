@@ -121,12 +121,13 @@ class DecodeSide:
         self._clock = clock
         self._epoch = clock()
         self._phase: dict[str, Phase] = {}
-        # Refused receives held for the quarantine: request -> release time (ms).
-        self._held_until: dict[str, int] = {}
-        # Blocks reported invalid at failure, per request, until its release.
-        self._invalid: dict[str, set[int]] = {}
-        # Blocks vLLM's own failure path reports again at a release: not reported twice.
-        self._reported_twice: set[int] = set()
+        # Refused receives held for the quarantine: request -> (release time ms, blocks).
+        self._held_until: dict[str, tuple[int, list[list[int]]]] = {}
+        # Requests whose blocks were reported invalid at their failure or refusal.
+        self._invalid: set[str] = set()
+        # Blocks vLLM's own failure path reports at a release: the scheduler has finished
+        # the request by then (failed, aborted or expired); they are not reported again.
+        self._released_blocks: set[int] = set()
         self._lost: queue.Queue[tuple[str, str]] = queue.Queue()
         self._seen = dict.fromkeys((*_AFTER_EXPIRY, "malformed"), 0)
         self._fed = threading.Event()
@@ -191,7 +192,7 @@ class DecodeSide:
                 self.settings.quarantine_ms,
             )
             self._phase[rid] = "held"
-            self._held_until[rid] = self.now_ms() + self.settings.quarantine_ms
+            self._held_until[rid] = (self.now_ms() + self.settings.quarantine_ms, groups)
             self._report_invalid(rid, groups, report)
             return "held"
         self._phase[rid] = "waiting"
@@ -248,20 +249,22 @@ class DecodeSide:
         now = self.now_ms()
         for d in self.ledger.advance(now):
             self._apply(d, report)
-        for rid, until in list(self._held_until.items()):
+        for rid, (until, groups) in list(self._held_until.items()):
             if now >= until:
                 del self._held_until[rid]
-                self._released(rid, report)
+                self._released(rid, groups, report)
         if self._fed.is_set():
             self._fed.clear()
             report.after_expiry = self._count_notices()
         return report
 
     def drop_reported(self, invalid: set[int]) -> set[int]:
-        """vLLM's invalid blocks for this step, less those this side reported already at
-        the failure of a request it released now (vLLM's failure path reports them again)."""
-        out = invalid - self._reported_twice
-        self._reported_twice.clear()
+        """vLLM's invalid blocks for this step, less those of the requests this side
+        released now: vLLM's failure path reports them at the release, when the
+        scheduler has finished the request already (its failure was reported once, when
+        it failed)."""
+        out = invalid - self._released_blocks
+        self._released_blocks.clear()
         return out
 
     def counters(self) -> dict[str, int]:
@@ -293,29 +296,30 @@ class DecodeSide:
             if phase == "waiting":
                 self._phase[rid] = "aborted"
         elif kind == "released":
-            self._released(rid, report)
+            self._released(rid, block_groups(d.blocks), report)
 
     def _completed(self, rid: str, report: DecodeReport) -> None:
         phase = self._phase.get(rid)
         if phase == "held":
             # vLLM failed it on this rank; every write has landed now: release it.
-            self._released(rid, report)
+            self._released(rid, [], report)
         elif phase is not None:
             del self._phase[rid]
             report.completed.append(rid)
 
-    def _released(self, rid: str, report: DecodeReport) -> None:
+    def _released(self, rid: str, groups: list[list[int]], report: DecodeReport) -> None:
         del self._phase[rid]
-        self._reported_twice |= self._invalid.pop(rid, set())
+        self._invalid.discard(rid)
+        if len(groups) == 1:
+            self._released_blocks.update(groups[0])
         report.released.append(rid)
 
     def _report_invalid(self, rid: str, groups: list[list[int]], report: DecodeReport) -> None:
         # The scheduler maps block ids to requests for one KV cache group only; with more,
         # failed_recving at the release carries the failure.
         if len(groups) == 1 and rid not in self._invalid:
-            blocks = set(groups[0])
-            self._invalid[rid] = blocks
-            report.invalid.append(blocks)
+            self._invalid.add(rid)
+            report.invalid.append(set(groups[0]))
 
     def _take_lost(self, report: DecodeReport) -> None:
         lost: dict[str, str] = {}

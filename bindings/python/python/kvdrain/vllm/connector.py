@@ -83,6 +83,8 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
     """vLLM's push worker with a :class:`DecodeSide` and a :class:`PrefillSide` (see the
     module's doc). Built by vLLM and adopted (:meth:`kvdrain_attach`)."""
 
+    nixl_wrapper: Any  # vLLM's NIXL agent, behind the plugin's NixlTap once attached
+
     # -- set-up ---------------------------------------------------------------------- #
 
     def kvdrain_attach(
@@ -92,7 +94,10 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         seconds): the two sides, and the NIXL agent behind the tap."""
         self.kvdrain_decode = DecodeSide(settings, world_size=self.world_size, clock=clock)
         self.kvdrain_prefill = PrefillSide(settings, self.kvdrain_decode.now_ms)
-        self.nixl_wrapper = NixlTap(self.nixl_wrapper, self.kvdrain_decode, self.kvdrain_prefill)
+        agent = self.nixl_wrapper
+        if isinstance(agent, NixlTap):
+            agent = agent.agent  # attached again: a new tap over the same agent
+        self.nixl_wrapper = NixlTap(agent, self.kvdrain_decode, self.kvdrain_prefill)
         logger.info(
             "kvdrain: ledger on TP rank %d (deadline_ms=%d, quarantine_ms=%d, "
             "settle_ms=%d, capacity=%d)",
