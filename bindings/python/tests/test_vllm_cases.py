@@ -326,13 +326,15 @@ def test_failed_blocks_are_reported_at_once_and_freed_after_settling() -> None:
 
 
 def test_failed_request_finished_after_settling_frees_at_once() -> None:
-    """The first step after the settle end: failed and released in one report."""
+    """The first step after the settle end: failed and released in one report. The blocks
+    are reported invalid once, by vLLM's own failure path with the release."""
     clock = FakeClock()
     d = side(capacity=8, settle_ms=100, clock=clock)
     start_load_kv(d, "s", [[1]], expect(1))
     d.feed({"P0": [b"PUSH_FAIL:s:1"]})
     clock.advance_ms(100)
-    assert d.step() == DecodeReport(released=["s"], invalid=[{1}], failed=1)
+    assert d.step() == DecodeReport(released=["s"], failed=1)
+    assert d.drop_reported({1}) == {1}  # vLLM's failure path: the one report
     assert d.phase("s") is None
     assert d.step() == NOTHING
 
@@ -342,4 +344,5 @@ def test_settle_zero_is_vllm_failure_handling() -> None:
     d = side(capacity=8, settle_ms=0)
     d_req(d)
     d.feed({"P0": [b"PUSH_FAIL:d-req:2"], "P1": [b"d-req:2"]})
-    assert d.step() == DecodeReport(released=["d-req"], invalid=[{100, 101}], failed=1)
+    assert d.step() == DecodeReport(released=["d-req"], failed=1)
+    assert d.drop_reported({100, 101}) == {100, 101}  # vLLM's failure path reports them

@@ -123,8 +123,8 @@ class DecodeSide:
         self._phase: dict[str, Phase] = {}
         # Refused receives held for the quarantine: request -> (release time ms, blocks).
         self._held_until: dict[str, tuple[int, list[list[int]]]] = {}
-        # Requests whose blocks were reported invalid at their failure or refusal.
-        self._invalid: set[str] = set()
+        # The blocks reported invalid at a request's failure or refusal, until its release.
+        self._invalid: dict[str, set[int]] = {}
         # Blocks vLLM's own failure path reports at a release: the scheduler has finished
         # the request by then (failed, aborted or expired); they are not reported again.
         self._released_blocks: set[int] = set()
@@ -134,7 +134,7 @@ class DecodeSide:
 
     def now_ms(self) -> int:
         """This rank's clock, in ms since the side was built."""
-        return int((self._clock() - self._epoch) * 1000)
+        return round((self._clock() - self._epoch) * 1000)
 
     def phase(self, rid: str) -> Phase | None:
         """Where ``rid`` stands, ``None`` once reported (or never tracked)."""
@@ -309,8 +309,11 @@ class DecodeSide:
 
     def _released(self, rid: str, groups: list[list[int]], report: DecodeReport) -> None:
         del self._phase[rid]
-        self._invalid.discard(rid)
-        if len(groups) == 1:
+        mine = self._invalid.pop(rid, None)
+        if mine is not None and any(b is mine for b in report.invalid):
+            # Failed and released in one step: vLLM's failure path reports them now.
+            report.invalid = [b for b in report.invalid if b is not mine]
+        elif len(groups) == 1:
             self._released_blocks.update(groups[0])
         report.released.append(rid)
 
@@ -318,8 +321,8 @@ class DecodeSide:
         # The scheduler maps block ids to requests for one KV cache group only; with more,
         # failed_recving at the release carries the failure.
         if len(groups) == 1 and rid not in self._invalid:
-            self._invalid.add(rid)
-            report.invalid.append(set(groups[0]))
+            blocks = self._invalid[rid] = set(groups[0])
+            report.invalid.append(blocks)
 
     def _take_lost(self, report: DecodeReport) -> None:
         lost: dict[str, str] = {}

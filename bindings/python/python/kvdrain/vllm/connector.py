@@ -120,10 +120,12 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         failed_now: set[str] = set()
         if not (self.pcp_rank > 0 and not self.pcp_dcp_sharded):
             # Registered before vLLM queues the PUSH_REG: no notice can precede its request.
+            agents: dict[str, dict[tuple[int, int], Any]] = {}  # per producer engine
             for rid, meta in metadata.reqs_to_recv.items():
                 groups = block_groups(meta.local_block_ids)
                 if any(groups):
-                    done = decode.register(rid, groups, self._kvdrain_expect(meta), report)
+                    expect = self._kvdrain_expect(meta, agents)
+                    done = decode.register(rid, groups, expect, report)
                     if done in ("refused", "held"):
                         failed_now.add(rid)
         if failed_now and metadata.push_registrations:
@@ -183,16 +185,22 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             self.xfer_stats.record_notification_after_expiry()
         return late
 
-    def _kvdrain_expect(self, meta: Any) -> int | list[str]:
+    def _kvdrain_expect(
+        self, meta: Any, agents_of: dict[str, dict[tuple[int, int], Any]]
+    ) -> int | list[str]:
         """The producer agents that write this rank for a request (named edges: each
         must send exactly one notice), when the handshake with that engine is done and
         the layout is one vLLM writes rank to rank; else vLLM's count,
-        ``pp × max(1, TP // world_size)``."""
+        ``pp × max(1, TP // world_size)``. ``agents_of``: the engines' agents read so far
+        in this step."""
         count: int = meta.pp_size * max(1, meta.tp_size // self.world_size)
         if self.use_mla or meta.remote is None:
             return count
-        with self._handshake_lock:
-            agents = dict(self._remote_agents.get(meta.remote.engine_id) or {})
+        engine = meta.remote.engine_id
+        agents = agents_of.get(engine)
+        if agents is None:
+            with self._handshake_lock:
+                agents = agents_of[engine] = dict(self._remote_agents.get(engine) or {})
         names = [
             agents.get((stage, p))
             for stage in range(meta.pp_size)
