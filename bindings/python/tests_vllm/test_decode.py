@@ -660,3 +660,24 @@ def test_failed_blocks_are_reported_invalid_once() -> None:
     assert e.free_blocks() == total
     assert sum(1 for st in steps if blocks & st.invalid_block_ids) == 1
     assert all(st.invalid_block_ids in (set(), blocks) for st in steps)
+
+
+def test_vllm_own_failure_on_one_of_two_ranks_holds_until_its_writes_resolve() -> None:
+    """D TP2, P TP2: vLLM fails the receive itself on rank 1 (its handshake failed), but
+    rank 0's PUSH_REG went out, so P writes into both ranks' blocks. Rank 1 does not
+    report the receive until P1's write into its blocks has landed (or the quarantine
+    ends); the request fails for the client once, and the scheduler frees the blocks
+    only then."""
+    e = engine(PLUGIN, tp=2, p_tp=2)
+    total = registered(e, "r", p_tp=2)
+    e.workers[1]._failed_recv_reqs.put("r")  # what vLLM's handshake callback does
+    s = e.step({0: {"P0": [completion("r", 2)]}})
+    assert s.error is None and s.finished_recving == set()
+    e.clock.advance_ms(QUARANTINE_MS - 1)
+    wait_steps(e, 2)
+    assert e.free_blocks() == total - BLOCKS  # P1's write into rank 1 may still land
+    s = e.step({1: {"P1": [completion("r", 2)]}})
+    assert s.error is None
+    assert s.finished_recving == {"r"} and s.failed_recving == {"r"}
+    assert e.free_blocks() == total
+    no_double_reports(e)

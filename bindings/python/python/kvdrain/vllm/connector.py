@@ -27,6 +27,7 @@ module loads (:mod:`kvdrain.vllm._gate`).
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -94,6 +95,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         seconds): the two sides, and the NIXL agent behind the tap."""
         self.kvdrain_decode = DecodeSide(settings, world_size=self.world_size, clock=clock)
         self.kvdrain_prefill = PrefillSide(settings, self.kvdrain_decode.now_ms)
+        self._kvdrain_late: set[str] = set()
         agent = self.nixl_wrapper
         if isinstance(agent, NixlTap):
             agent = agent.agent  # attached again: a new tap over the same agent
@@ -130,6 +132,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
                         failed_now.add(rid)
         if failed_now and metadata.push_registrations:
             # A refused receive sends no PUSH_REG: this rank asks nobody to write into it.
+            metadata = copy.copy(metadata)  # vLLM's own object stays as it built it
             metadata.push_registrations = {
                 k: v for k, v in metadata.push_registrations.items() if k not in failed_now
             }
@@ -142,7 +145,8 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         self._kvdrain_tell(report)
 
     def get_transfer_results(self) -> KVConnectorTransferResults:
-        late = self._kvdrain_tell(self.kvdrain_decode.step())
+        self._kvdrain_tell(self.kvdrain_decode.step())
+        late, self._kvdrain_late = self._kvdrain_late, set()
         results = super().get_transfer_results()
         for rid in results.failed_recving - late:
             if self.kvdrain_decode.vllm_failed(rid):
@@ -164,17 +168,16 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         for agent in agents:
             self.kvdrain_decode.producer_lost(agent_name(agent), f"engine {engine_id} evicted")
 
-    def _kvdrain_tell(self, report: DecodeReport) -> set[str]:
-        """Applies a decode report to vLLM's own structures; returns the released
-        requests whose receive vLLM already closed (to report in the results directly)."""
-        late: set[str] = set()
+    def _kvdrain_tell(self, report: DecodeReport) -> None:
+        """Applies a decode report to vLLM's own structures. A released request whose
+        receive vLLM closed already waits in ``_kvdrain_late`` for the next results."""
         for rid in report.completed:
             self._recving_transfers.setdefault(rid, [])  # vLLM's done path reports it
         for rid in report.released:
             if rid in self._recving_metadata:
                 self._failed_recv_reqs.put(rid)  # vLLM's failure path, once on this rank
             else:
-                late.add(rid)
+                self._kvdrain_late.add(rid)
         for blocks in report.invalid:
             self._invalid_block_ids.put(blocks)
         for _ in range(report.failed):
@@ -183,7 +186,6 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             self.xfer_stats.record_kv_expired_req()
         for _ in range(report.after_expiry):
             self.xfer_stats.record_notification_after_expiry()
-        return late
 
     def _kvdrain_expect(
         self, meta: Any, agents_of: dict[str, dict[tuple[int, int], Any]]
