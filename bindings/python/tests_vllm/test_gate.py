@@ -17,6 +17,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import (
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
     NixlPushConnectorWorker,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
+    NixlKVConnectorStats,
+    NixlPromMetrics,
+)
 
 from kvdrain.vllm import _gate
 
@@ -28,7 +32,10 @@ def test_vllm_0_33_matches_every_signature_the_plugin_uses() -> None:
         "NixlPushConnector": NixlPushConnector,
         "NixlPushConnectorScheduler": NixlPushConnectorScheduler,
         "NixlPushConnectorWorker": NixlPushConnectorWorker,
+        "NixlKVConnectorStats": NixlKVConnectorStats,
+        "NixlPromMetrics": NixlPromMetrics,
     }
+    assert set(classes) == set(_gate.EXPECTED)
     assert _gate.differences(classes) == []
 
 

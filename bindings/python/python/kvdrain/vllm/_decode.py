@@ -48,7 +48,7 @@ from kvdrain._errors import (
 from kvdrain._kvdrain import Decision, Ledger
 from kvdrain.vllm._settings import Settings
 
-__all__ = ["DecodeReport", "DecodeSide", "Phase", "producer_ranks"]
+__all__ = ["COUNT_KEYS", "DecodeReport", "DecodeSide", "Phase", "producer_ranks"]
 
 logger = logging.getLogger("vllm.kvdrain")
 
@@ -65,6 +65,17 @@ held for the quarantine (two or more ranks)."""
 
 # Ledger counters that vLLM's own metric "notifications after expiry" stands for.
 _AFTER_EXPIRY = ("unknown", "late")
+# Ledger counters reported as metrics: ignored notices by reason, failed edges by cause.
+_IGNORED = ("unknown", "late", "duplicate", "unexpected_sender", "malformed", "not_bytes")
+_FAILED_EDGES = {"failure_notice": "failure_notices", "gone": "gone_edges", "fenced": "fenced_edges"}
+
+COUNT_KEYS = (
+    *(f"decisions_{k}" for k in ("completed", "failed", "expired", "aborted", "refused")),
+    *(f"releases_{k}" for k in ("settled", "resolved", "forced")),
+    *(f"failed_edges_{k}" for k in _FAILED_EDGES),
+    *(f"ignored_{k}" for k in _IGNORED),
+)
+"""The keys of :attr:`DecodeReport.counts` (``kvdrain.vllm._metrics`` names the series)."""
 
 
 def block_groups(block_ids: object) -> list[list[int]]:
@@ -97,6 +108,11 @@ class DecodeReport:
     expired: int = 0
     after_expiry: int = 0
     """Notices for ids no longer tracked (vLLM's "notification after expiry")."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """What happened in this step, by metric key (:data:`COUNT_KEYS`)."""
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
 
 
 class DecodeSide:
@@ -121,6 +137,10 @@ class DecodeSide:
         self._clock = clock
         self._epoch = clock()
         self._phase: dict[str, Phase] = {}
+        self._blocks: dict[str, int] = {}  # blocks of every request with a phase
+        # Waiting requests by registration, oldest first: request -> registered at (ms).
+        self._waiting_since: dict[str, int] = {}
+        self._fenced_blocks = 0  # blocks of the requests not waiting
         # Refused receives held for the quarantine: request -> (release time ms, blocks).
         self._held_until: dict[str, tuple[int, list[list[int]]]] = {}
         # The blocks reported invalid at a request's failure or refusal, until its release.
@@ -129,7 +149,7 @@ class DecodeSide:
         # the request by then (failed, aborted or expired); they are not reported again.
         self._released_blocks: set[int] = set()
         self._lost: queue.Queue[tuple[str, str]] = queue.Queue()
-        self._seen = dict.fromkeys((*_AFTER_EXPIRY, "malformed"), 0)
+        self._seen = dict.fromkeys((*_IGNORED, *_FAILED_EDGES.values()), 0)
         self._fed = threading.Event()
 
     def now_ms(self) -> int:
@@ -139,6 +159,12 @@ class DecodeSide:
     def phase(self, rid: str) -> Phase | None:
         """Where ``rid`` stands, ``None`` once reported (or never tracked)."""
         return self._phase.get(rid)
+
+    def gauges(self) -> tuple[int, float]:
+        """``(blocks fenced now, age in s of the oldest receive still waiting)``."""
+        oldest = next(iter(self._waiting_since.values()), None)
+        age = 0.0 if oldest is None else (self.now_ms() - oldest) / 1000
+        return self._fenced_blocks, age
 
     # -- writer thread ---------------------------------------------------------------- #
 
@@ -183,6 +209,7 @@ class DecodeSide:
         except KvdrainError as e:
             if self.world_size == 1:
                 logger.error("kvdrain: receive of %s refused (%s); failing it", rid, e)
+                report.count("decisions_refused")
                 return "refused"
             logger.error(
                 "kvdrain: receive of %s refused (%s); failing it, its blocks held for the "
@@ -191,11 +218,12 @@ class DecodeSide:
                 e,
                 self.settings.quarantine_ms,
             )
-            self._phase[rid] = "held"
+            report.count("decisions_refused")
+            self._track(rid, "held", groups)
             self._held_until[rid] = (self.now_ms() + self.settings.quarantine_ms, groups)
             self._report_invalid(rid, groups, report)
             return "held"
-        self._phase[rid] = "waiting"
+        self._track(rid, "waiting", groups)
         return "tracked"
 
     def abort(self, rid: str, report: DecodeReport) -> None:
@@ -220,7 +248,7 @@ class DecodeSide:
         if phase is None:
             return False
         if phase == "waiting" and self.world_size == 1:
-            self._phase.pop(rid)
+            self._end(rid)
             try:
                 self.ledger.abort(rid)  # forgotten: nothing was written
             except UnknownRequestError:
@@ -230,9 +258,9 @@ class DecodeSide:
             try:
                 self.ledger.abort(rid)  # its decision, if any, is this side's to ignore
             except UnknownRequestError:
-                self._phase.pop(rid)
+                self._end(rid)
                 return False
-        self._phase[rid] = "held"
+        self._fence(rid, "held")
         return True
 
     def step(self) -> DecodeReport:
@@ -245,17 +273,17 @@ class DecodeSide:
         for d in others:
             self._apply(d, report)
         # After the poll: a notice the writer thread counted before the loss stands.
-        self._take_lost(report)
+        lost = self._take_lost(report)
         now = self.now_ms()
         for d in self.ledger.advance(now):
             self._apply(d, report)
         for rid, (until, groups) in list(self._held_until.items()):
             if now >= until:
                 del self._held_until[rid]
-                self._released(rid, groups, report)
-        if self._fed.is_set():
+                self._released(rid, groups, report, "forced")
+        if self._fed.is_set() or lost or report.completed or report.released or report.counts:
             self._fed.clear()
-            report.after_expiry = self._count_notices()
+            self._count(report)
         return report
 
     def drop_reported(self, invalid: set[int]) -> set[int]:
@@ -282,8 +310,9 @@ class DecodeSide:
         if kind == "completed":
             self._completed(rid, report)
         elif kind in ("failed", "expired"):
+            report.count(f"decisions_{kind}")
             if phase == "waiting":
-                self._phase[rid] = "failed"
+                self._fence(rid, "failed")
             if kind == "failed":
                 report.failed += 1
             else:
@@ -293,22 +322,28 @@ class DecodeSide:
             )
             self._report_invalid(rid, block_groups(d.blocks), report)
         elif kind == "aborted":
+            report.count("decisions_aborted")
             if phase == "waiting":
-                self._phase[rid] = "aborted"
+                self._fence(rid, "aborted")
         elif kind == "released":
-            self._released(rid, block_groups(d.blocks), report)
+            how = "forced" if d.forced else "settled" if phase == "failed" else "resolved"
+            self._released(rid, block_groups(d.blocks), report, how)
 
     def _completed(self, rid: str, report: DecodeReport) -> None:
         phase = self._phase.get(rid)
         if phase == "held":
             # vLLM failed it on this rank; every write has landed now: release it.
-            self._released(rid, [], report)
+            self._released(rid, [], report, "resolved")
         elif phase is not None:
-            del self._phase[rid]
+            self._end(rid)
+            report.count("decisions_completed")
             report.completed.append(rid)
 
-    def _released(self, rid: str, groups: list[list[int]], report: DecodeReport) -> None:
-        del self._phase[rid]
+    def _released(
+        self, rid: str, groups: list[list[int]], report: DecodeReport, how: str
+    ) -> None:
+        self._end(rid)
+        report.count(f"releases_{how}")
         mine = self._invalid.pop(rid, None)
         if mine is not None and any(b is mine for b in report.invalid):
             # Failed and released in one step: vLLM's failure path reports them now.
@@ -317,6 +352,27 @@ class DecodeSide:
             self._released_blocks.update(groups[0])
         report.released.append(rid)
 
+    def _track(self, rid: str, phase: Phase, groups: list[list[int]]) -> None:
+        self._phase[rid] = phase
+        n = self._blocks[rid] = sum(len(g) for g in groups)
+        if phase == "waiting":
+            self._waiting_since[rid] = self.now_ms()
+        else:
+            self._fenced_blocks += n
+
+    def _fence(self, rid: str, phase: Phase) -> None:
+        if self._phase[rid] == "waiting":
+            del self._waiting_since[rid]
+            self._fenced_blocks += self._blocks[rid]
+        self._phase[rid] = phase
+
+    def _end(self, rid: str) -> None:
+        if self._phase.pop(rid) == "waiting":
+            del self._waiting_since[rid]
+            self._blocks.pop(rid)
+        else:
+            self._fenced_blocks -= self._blocks.pop(rid)
+
     def _report_invalid(self, rid: str, groups: list[list[int]], report: DecodeReport) -> None:
         # The scheduler maps block ids to requests for one KV cache group only; with more,
         # failed_recving at the release carries the failure.
@@ -324,7 +380,7 @@ class DecodeSide:
             blocks = self._invalid[rid] = set(groups[0])
             report.invalid.append(blocks)
 
-    def _take_lost(self, report: DecodeReport) -> None:
+    def _take_lost(self, report: DecodeReport) -> bool:
         lost: dict[str, str] = {}
         while True:
             try:
@@ -333,7 +389,7 @@ class DecodeSide:
                 break
             lost.setdefault(agent, why)
         if not lost:
-            return
+            return False
         for d in self.ledger.advance(self.now_ms()):  # settling counts from the report
             self._apply(d, report)
         for agent, why in lost.items():
@@ -348,13 +404,21 @@ class DecodeSide:
                 )
             for d in decisions:
                 self._apply(d, report)
+        return True
 
-    def _count_notices(self) -> int:
+    def _count(self, report: DecodeReport) -> None:
+        """The ledger's counters since the last count: ignored notices by reason, failed
+        edges by cause, and vLLM's "notifications after expiry"."""
         counters = self.ledger.counters()
-        after_expiry = sum(counters[k] - self._seen[k] for k in _AFTER_EXPIRY)
-        malformed = counters["malformed"] - self._seen["malformed"]
-        if malformed:
-            logger.warning("kvdrain: %d malformed notification(s) ignored", malformed)
+        delta = {k: counters[k] - seen for k, seen in self._seen.items()}
+        for k in _IGNORED:
+            if delta[k]:
+                report.count(f"ignored_{k}", delta[k])
+        for cause, k in _FAILED_EDGES.items():
+            if delta[k]:
+                report.count(f"failed_edges_{cause}", delta[k])
+        report.after_expiry = sum(delta[k] for k in _AFTER_EXPIRY)
+        if delta["malformed"]:
+            logger.warning("kvdrain: %d malformed notification(s) ignored", delta["malformed"])
         for k in self._seen:
             self._seen[k] = counters[k]
-        return after_expiry

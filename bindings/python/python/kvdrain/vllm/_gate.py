@@ -30,6 +30,24 @@ Signatures = Mapping[str, Mapping[str, tuple[str, ...]]]
 EXPECTED: Signatures = {
     "NixlPushConnector": {
         "__init__": ("self", "vllm_config", "role", "kv_cache_config"),
+        "build_kv_connector_stats": ("data=",),
+        "build_prom_metrics": (
+            "vllm_config",
+            "metric_types",
+            "labelnames",
+            "per_engine_labelvalues",
+        ),
+    },
+    "NixlKVConnectorStats": {
+        "reset": ("self",),
+        "is_empty": ("self",),
+        "aggregate": ("self", "other"),
+        "reduce": ("self",),
+        "clone_and_reset": ("self",),
+    },
+    "NixlPromMetrics": {
+        "__init__": ("self", "vllm_config", "metric_types", "labelnames", "per_engine_labelvalues"),
+        "observe": ("self", "transfer_stats_data", "engine_idx="),
     },
     "NixlPushConnectorScheduler": {
         "get_num_new_matched_tokens": ("self", "request", "num_computed_tokens"),

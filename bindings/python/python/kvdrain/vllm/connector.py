@@ -40,6 +40,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPushConnector
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
+    NixlKVConnectorStats,
+    NixlPromMetrics,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import (
     NixlPushConnectorScheduler,
 )
@@ -50,6 +54,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
 from kvdrain._kvdrain import PushPlan
 from kvdrain.vllm import _gate
 from kvdrain.vllm._decode import DecodeReport, DecodeSide, block_groups, producer_ranks
+from kvdrain.vllm._metrics import KvdrainPromMetrics, KvdrainStats
 from kvdrain.vllm._nixl_tap import NixlTap, agent_name
 from kvdrain.vllm._prefill import PrefillSide
 from kvdrain.vllm._scheduler import KvdrainConnectorMetadata, KvdrainPushScheduler
@@ -76,6 +81,8 @@ _gate.check(
         "NixlPushConnector": NixlPushConnector,
         "NixlPushConnectorScheduler": NixlPushConnectorScheduler,
         "NixlPushConnectorWorker": NixlPushConnectorWorker,
+        "NixlKVConnectorStats": NixlKVConnectorStats,
+        "NixlPromMetrics": NixlPromMetrics,
     },
 )
 
@@ -85,6 +92,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
     module's doc). Built by vLLM and adopted (:meth:`kvdrain_attach`)."""
 
     nixl_wrapper: Any  # vLLM's NIXL agent, behind the plugin's NixlTap once attached
+    xfer_stats: Any  # vLLM's NIXL stats, a KvdrainStats once attached
 
     # -- set-up ---------------------------------------------------------------------- #
 
@@ -96,6 +104,10 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         self.kvdrain_decode = DecodeSide(settings, world_size=self.world_size, clock=clock)
         self.kvdrain_prefill = PrefillSide(settings, self.kvdrain_decode.now_ms)
         self._kvdrain_late: set[str] = set()
+        stats = KvdrainStats()
+        for key, values in self.xfer_stats.data.items():
+            stats.data[key].extend(values)
+        self.xfer_stats = stats
         agent = self.nixl_wrapper
         if isinstance(agent, NixlTap):
             agent = agent.agent  # attached again: a new tap over the same agent
@@ -186,6 +198,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             self.xfer_stats.record_kv_expired_req()
         for _ in range(report.after_expiry):
             self.xfer_stats.record_notification_after_expiry()
+        self.xfer_stats.record_step(report, self.tp_rank, *self.kvdrain_decode.gauges())
 
     def _kvdrain_expect(
         self, meta: Any, agents_of: dict[str, dict[tuple[int, int], Any]]
@@ -271,6 +284,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         for agent, message in owed:
             try:
                 self.nixl_wrapper.send_notif(agent, notif_msg=message)
+                self.xfer_stats.record_push_fail_sent()
             except Exception as e:
                 self.xfer_stats.record_failed_notification()
                 self._log_failure(
@@ -282,7 +296,22 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
 
 
 class KvdrainPushConnector(NixlPushConnector):
-    """vLLM's push connector, whose scheduler or worker side the plugin adopts."""
+    """vLLM's push connector, whose scheduler or worker side the plugin adopts, with the
+    plugin's metrics beside vLLM's NIXL ones (:mod:`kvdrain.vllm._metrics`)."""
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KvdrainStats:
+        return KvdrainStats() if data is None else KvdrainStats(data=data)
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[Any, Any],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KvdrainPromMetrics:
+        return KvdrainPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
