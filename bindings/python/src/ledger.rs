@@ -559,10 +559,7 @@ impl PyLedger {
         now_ms: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         let now_ms = args::unsigned(now_ms, "now_ms", invalid_argument)?;
-        let taken = self
-            .tracker
-            .advance(py, now_ms)
-            .map_err(clock_backwards)?;
+        let taken = self.tracker.advance(py, now_ms).map_err(clock_backwards)?;
         self.decisions(py, taken)
     }
 
