@@ -40,6 +40,12 @@
 //! the engine thread calls [`ConsumerEngine::poll`] when the ingest half decided a request
 //! or at the next wakeup, whichever comes first.
 //!
+//! * **Failure notices are dated at their drain**: [`ConsumerDriver::poll`] gives the
+//!   core the round's `now` as the batch's arrival before ingesting it, and an ingest
+//!   thread gives each batch its time with [`ConsumerIngest::set_arrival`], so a
+//!   `PUSH_FAIL:` settles for `Config::settle` from when it was drained, not from the
+//!   engine half's previous round.
+//!
 //! A transport whose drain fails leaves the rest of the round done: the poll reports the
 //! [`DrainError`] after lost producers were reported, the clock advanced (deadlines,
 //! quarantines and settle ends decided) and heartbeats sent.
