@@ -9,13 +9,14 @@ use crate::index::{DELETED, EMPTY, Index};
 use crate::owner::{Owner, Request};
 use crate::shared::Shared;
 use crate::slot::EdgeClaim;
+use crate::stamp;
 use crate::state_word::{ForceFree, Phase, Quarantine, Resolution, Resolved, Snapshot};
 use crate::sync::Ordering;
 use crate::ticket::{
     AgentId, BlockHandle, Decision, Drained, Expect, Failed, Outstanding, Pending, QuarantineCause,
     Quarantined, Registration, Released, RequestKey,
 };
-use crate::time::{Duration, Instant};
+use crate::time::Instant;
 
 /// Where an id is in the index, as the owner sees it.
 enum Probe {
@@ -310,7 +311,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     fn resolve_agent(&mut self, agent: AgentId, how: Resolution) -> u32 {
         let mut resolved = 0;
         let mut batch = 0;
-        let now = self.owner.now.millis() as u32;
+        let now = stamp::of(self.owner.now);
         for slot in 0..N as u32 {
             let r = &mut self.owner.requests[slot as usize];
             let shared = &self.shared.slots[slot as usize];
@@ -699,14 +700,14 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             .map_or(Instant::ZERO, |at| at + self.owner.config.settle)
     }
 
-    /// The full time of a stamp (the low 32 bits of a clock value the engine published,
-    /// never later than its clock: a failure notice's or a `gone`'s): the latest time at
-    /// or before the clock with those low bits. Exact while the stamp is less than 2^32 ms
-    /// (49.7 days) old; an older one reads as later, which can only delay a release.
+    /// The full time of a stamp (a failure notice's or a `gone`'s), read against the
+    /// clock (`stamp::read`). A failure notice's may be ahead of the clock: it is dated at
+    /// its arrival when the ingest half was given a later one than the last `advance`
+    /// ([`Ingest::set_arrival`](crate::Ingest::set_arrival)). Exact within 2^31 ms (24.8
+    /// days) of the clock on either side; a stamp further behind reads as later, which
+    /// can only delay a release.
     fn stamped_at(&self, stamp: u32) -> Instant {
-        let now = self.owner.now;
-        let age = (now.millis() as u32).wrapping_sub(stamp);
-        now.saturating_sub(Duration::from_millis(u64::from(age)))
+        stamp::read(stamp, self.owner.now)
     }
 
     /// Releases and frees drained `slot` (`s.outstanding() == 0`).

@@ -5,9 +5,11 @@ use crate::error::{IgnoreReason, Ignored};
 use crate::fingerprint::Fingerprint;
 use crate::shared::Shared;
 use crate::slot::EdgeClaim;
+use crate::stamp;
 use crate::state_word::{Resolution, Resolved};
 use crate::sync::{Ordering, fence};
 use crate::ticket::AgentId;
+use crate::time::Instant;
 use crate::wire::{self, Message, ParseError};
 
 /// What an accepted notice did.
@@ -22,11 +24,28 @@ pub enum Noticed {
     Decided,
 }
 
+/// What the ingest half keeps between calls. It lives in the [`Ledger`](crate::Ledger),
+/// not in the half, so that the ledger's convenience methods (which build a half per
+/// call) and every [`split`](crate::Ledger::split) see the same counters and the same
+/// arrival time.
+#[derive(Clone, Copy, Default, Debug)]
+pub(crate) struct IngestOwn {
+    pub(crate) counters: IngestCounters,
+    /// The latest time given to [`Ingest::set_arrival`]; `None` until one is.
+    arrival: Option<Instant>,
+}
+
+impl IngestOwn {
+    pub(crate) fn arrival(&self) -> Option<Instant> {
+        self.arrival
+    }
+}
+
 /// The ingest half of a [`Ledger`](crate::Ledger): `Send`, one per ledger.
 #[derive(Debug)]
 pub struct Ingest<'l, const N: usize, const E: usize> {
     pub(crate) shared: &'l Shared<N, E>,
-    counters: &'l mut IngestCounters,
+    own: &'l mut IngestOwn,
     /// Built by [`Ledger`](crate::Ledger)'s own methods, which hold `&mut Ledger`: no
     /// engine half exists, so no other thread can touch the shared half, and an edge is
     /// resolved with plain stores instead of CAS (see `StateWord::transition_alone`).
@@ -35,22 +54,72 @@ pub struct Ingest<'l, const N: usize, const E: usize> {
 
 impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
     /// The ingest half of a split ledger: its engine half may run on another thread.
-    pub(crate) fn new(shared: &'l Shared<N, E>, counters: &'l mut IngestCounters) -> Self {
+    pub(crate) fn new(shared: &'l Shared<N, E>, own: &'l mut IngestOwn) -> Self {
         Ingest {
             shared,
-            counters,
+            own,
             alone: false,
         }
     }
 
     /// The ingest half for a caller that holds the whole ledger exclusively (`&mut
     /// Ledger`, so no engine half exists while it lives).
-    pub(crate) fn alone(shared: &'l mut Shared<N, E>, counters: &'l mut IngestCounters) -> Self {
+    pub(crate) fn alone(shared: &'l mut Shared<N, E>, own: &'l mut IngestOwn) -> Self {
         Ingest {
             shared,
-            counters,
+            own,
             alone: true,
         }
+    }
+
+    /// Tells the ingest half when the notices it is handed from now on arrived: the time,
+    /// on the engine's clock (the one [`advance`](crate::Engine::advance) is given), at
+    /// which the thread that drains NIXL took them from the transport. Call it once per
+    /// batch, before the batch.
+    ///
+    /// Why: a failure notice is dated for rule 8 (its request's blocks settle for
+    /// [`Config::settle`](crate::Config::settle) from then), and the ingest half reads no
+    /// clock. Without an arrival time a notice is dated at the engine's last `advance`,
+    /// which an engine that advances once per step can leave a whole step behind the
+    /// notice: the blocks would be released up to one step too early. With one, a failure
+    /// notice is dated at the later of the two, so never earlier than the engine's clock
+    /// and never earlier than its arrival. Completions are not dated (they need no
+    /// settling) and pay nothing for this.
+    ///
+    /// Monotonic: a time earlier than one already given is ignored, and the notices keep
+    /// the later one, which can only delay a release (two draining threads that read the
+    /// clock and then take turns at this half can hand their times in out of order).
+    /// Give times every batch or never: an arrival time left more than 2^31 ms (24.8
+    /// days) behind the engine's clock is read as ahead of it, which dates a notice up to
+    /// that much late (a delay, never an early release; an aborted or expired request's
+    /// quarantine end still bounds it).
+    ///
+    /// ```
+    /// # use kvdrain::{AgentId, BlockHandle, Config, Decision, Duration, Expect, Instant, Ledger, Registration};
+    /// let mut ledger: Ledger<16, 2> = Ledger::new(Config { settle: Duration::from_millis(500), ..Config::with_capacity(16) });
+    /// # let _t = ledger.register(Registration { id: "r", blocks: BlockHandle(1),
+    /// #     expect: Expect::Count(1), deadline: None }).unwrap();
+    /// let (mut ingest, mut engine) = ledger.split();
+    /// engine.advance(Instant::from_millis(10)).expect("clock forward");
+    /// // The engine is inside a slow step; the writer thread takes a batch at 600.
+    /// ingest.set_arrival(Instant::from_millis(600));
+    /// let _ = ingest.handle_notification(AgentId(0), b"PUSH_FAIL:r:1");
+    /// engine.advance(Instant::from_millis(600)).expect("clock forward");
+    /// assert!(matches!(engine.poll_decision(), Some(Decision::Failed(_))));
+    /// engine.advance(Instant::from_millis(1_099)).expect("clock forward");
+    /// assert_eq!(engine.poll_decision(), None); // settles until 600 + 500, not 10 + 500
+    /// engine.advance(Instant::from_millis(1_100)).expect("clock forward");
+    /// assert!(matches!(engine.poll_decision(), Some(Decision::Released(_))));
+    /// ```
+    pub fn set_arrival(&mut self, now: Instant) {
+        if self.own.arrival.is_none_or(|last| now > last) {
+            self.own.arrival = Some(now);
+        }
+    }
+
+    /// The latest time given to [`set_arrival`](Self::set_arrival), if any.
+    pub fn arrival(&self) -> Option<Instant> {
+        self.own.arrival()
     }
 
     /// Feeds one NIXL notification from producer `agent`.
@@ -107,9 +176,15 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
                 }
             }
             let how = if failed {
-                // Rule 8: the time of this failure notice, for the owner's settle end.
-                // One `Relaxed` load and store, on failure notices only.
-                slot.stamp_failure_notice(self.shared.clock.load(Ordering::Relaxed));
+                // Rule 8: the time of this failure notice, for the owner's settle end: the
+                // engine's published clock, or its arrival if that is later. One `Relaxed`
+                // load and store and a compare or two, on failure notices only.
+                let clock = self.shared.clock.load(Ordering::Relaxed);
+                let at = match self.own.arrival {
+                    Some(arrival) => stamp::later(clock, stamp::of(arrival)),
+                    None => clock,
+                };
+                slot.stamp_failure_notice(at);
                 Resolution::FailureNotice
             } else {
                 Resolution::Landed
@@ -123,9 +198,9 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
                 Resolved::Counted => Ok(self.counted(failed, Noticed::Counted)),
                 Resolved::LastEdge => {
                     if !self.shared.ready.push(found.slot) {
-                        self.counters.ready_overflow += 1;
+                        self.own.counters.ready_overflow += 1;
                     }
-                    self.counters.last_edges += 1;
+                    self.own.counters.last_edges += 1;
                     Ok(self.counted(failed, Noticed::Decided))
                 }
                 Resolved::AlreadyDrained => Err(self.ignore_id(IgnoreReason::Late, id)),
@@ -152,14 +227,14 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
 
     /// Counters of this half.
     pub fn counters(&self) -> &IngestCounters {
-        self.counters
+        &self.own.counters
     }
 
     fn counted(&mut self, failed: bool, outcome: Noticed) -> Noticed {
         if failed {
-            self.counters.failure_notices += 1;
+            self.own.counters.failure_notices += 1;
         } else {
-            self.counters.completions += 1;
+            self.own.counters.completions += 1;
         }
         outcome
     }
@@ -177,7 +252,7 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
     }
 
     fn ignore<'m>(&mut self, reason: IgnoreReason, request_id: Option<&'m str>) -> Ignored<'m> {
-        let c = &mut *self.counters;
+        let c = &mut self.own.counters;
         *match reason {
             IgnoreReason::Malformed(_) => &mut c.malformed,
             IgnoreReason::NotForConsumer => &mut c.not_for_consumer,

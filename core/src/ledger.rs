@@ -2,10 +2,10 @@
 //! engine half that may run on two threads.
 
 use crate::config::Config;
-use crate::counters::{Counters, EngineCounters, IngestCounters};
+use crate::counters::{Counters, EngineCounters};
 use crate::engine::Engine;
 use crate::error::{AbortError, ClockError, Ignored, RegisterError};
-use crate::ingest::{Ingest, Noticed};
+use crate::ingest::{Ingest, IngestOwn, Noticed};
 use crate::owner::Owner;
 use crate::shared::Shared;
 use crate::ticket::{AgentId, Decision, Pending, Quarantined, Registration};
@@ -20,7 +20,7 @@ use crate::time::Instant;
 pub struct Ledger<const N: usize, const E: usize = 8> {
     shared: Shared<N, E>,
     owner: Owner<N>,
-    ingest: IngestCounters,
+    ingest: IngestOwn,
 }
 
 impl<const N: usize, const E: usize> Ledger<N, E> {
@@ -45,7 +45,7 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
         Ledger {
             shared: Shared::new(config.seed),
             owner: Owner::new(config),
-            ingest: IngestCounters::default(),
+            ingest: IngestOwn::default(),
         }
     }
 
@@ -84,6 +84,19 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
         bytes: &'m [u8],
     ) -> Result<Noticed, Ignored<'m>> {
         self.ingest_half().handle_notification(agent, bytes)
+    }
+
+    /// [`Ingest::set_arrival`] on one thread: the notices handed to
+    /// [`handle_notification`](Self::handle_notification) from now on arrived at `now`. The
+    /// time is the ledger's, so it holds for the halves of a later [`split`](Self::split)
+    /// too.
+    pub fn set_arrival(&mut self, now: Instant) {
+        self.ingest_half().set_arrival(now);
+    }
+
+    /// [`Ingest::arrival`] on one thread.
+    pub fn arrival(&self) -> Option<Instant> {
+        self.ingest.arrival()
     }
 
     /// [`Engine::register`] on one thread.
@@ -179,7 +192,7 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
     /// Counters of both halves.
     pub fn counters(&self) -> Counters {
         Counters {
-            ingest: self.ingest,
+            ingest: self.ingest.counters,
             engine: *self.owner.counters(),
         }
     }

@@ -62,17 +62,18 @@
 //! 2. For each request that will be pushed to: [`register`](Engine::register) a
 //!    [`Registration`] and keep the [`Pending`] ticket.
 //! 3. For every NIXL notification: [`handle_notification`](Ingest::handle_notification)
-//!    with the sender's [`AgentId`] and the raw bytes.
+//!    with the sender's [`AgentId`] and the raw bytes. If the thread that drains NIXL can
+//!    read the engine's clock, give it the time of each batch first with
+//!    [`set_arrival`](Ingest::set_arrival), so that a failure notice settles from when
+//!    it arrived, not from the last `advance` (up to one engine step earlier).
 //! 4. When it returns [`Noticed::Decided`] (or on each scheduler step), pull each
 //!    [`Decision`] with [`poll_decision`](Engine::poll_decision) until `None` and act on
 //!    it.
 //! 5. On each scheduler step, [`advance`](Engine::advance) to the current monotonic time
 //!    (an [`Instant`], see [Time](#time)) ([`next_timer`](Engine::next_timer) says when it matters next), then pull:
 //!    deadlines, quarantine ends and settle ends fire at the advance, so a `Released` that
-//!    waits for a failure notice or a `gone` to settle is decided there. A failure notice
-//!    counts as received at the time of the last `advance` before it (each `advance`
-//!    publishes its time to the ingest half; the ingest half reads no clock), a `gone` at
-//!    the engine's clock.
+//!    waits for a failure notice or a `gone` to settle is decided there. What is dated
+//!    when: see [Time](#time).
 //! 6. On client cancel, [`abort`](Engine::abort).
 //! 7. When the transport loses a producer or its metadata becomes invalid (a failed send
 //!    or heartbeat, a reset connection, a dead process, an invalidated remote), report it
@@ -136,6 +137,26 @@
 //! `Duration` counts nanoseconds): where both are in scope, name these `kvdrain::Instant`
 //! and `kvdrain::Duration`.
 //!
+//! **What is dated when.** Every input is dated on the engine's clock; the core reads
+//! none, so each date is a time it was given:
+//!
+//! | input | dated at |
+//! | --- | --- |
+//! | [`register`](Engine::register) | the clock (the last `advance`): its deadline counts from there |
+//! | completion notice | not dated: it needs no settling |
+//! | failure notice (`PUSH_FAIL:`) | the later of the clock and the ingest half's arrival time ([`set_arrival`](Ingest::set_arrival)), the clock if none was given; its request settles until then + `settle` |
+//! | [`abort`](Engine::abort), [`abort_id`](Engine::abort_id) | the clock: the quarantine ends then + `quarantine` |
+//! | [`gone`](Engine::gone) | the clock: settles until then + `settle` |
+//! | [`fence`](Engine::fence) | the clock (a fence needs no settling: only its decisions' order depends on it) |
+//! | deadline passing | the deadline itself (the clock at registration + the deadline), acted on at the first `advance` that reaches it; the quarantine ends at the deadline + `quarantine` |
+//! | settle end, quarantine end | fire at the first `advance` that reaches them |
+//!
+//! So to date an abort, a `gone` or a registration at the moment it happened, `advance`
+//! to that moment first (the Python and C bindings offer this as an optional time on the
+//! call). The clock and the arrival time are kept as stamps of 32 bits in the shared
+//! half: exact while a notice's date is within 2^31 ms (24.8 days) of the clock; one
+//! further behind reads as later, which only delays a release.
+//!
 //! Where time leaves Rust it is an integer in ms again, because a text format, a C header
 //! and a Python signature have no such types: the replay format (`at MS`, `deadline=MS`,
 //! `config settle_ms=MS`), the C ABI (`uint64_t` ms) and the Python module (`int` ms)
@@ -153,7 +174,7 @@
 //!
 //! | thread | methods |
 //! | --- | --- |
-//! | ingest ([`Ingest`]) | [`handle_notification`](Ingest::handle_notification), [`counters`](Ingest::counters) |
+//! | ingest ([`Ingest`]) | [`handle_notification`](Ingest::handle_notification), [`set_arrival`](Ingest::set_arrival), [`arrival`](Ingest::arrival), [`counters`](Ingest::counters) |
 //! | engine ([`Engine`]) | [`register`](Engine::register), [`abort`](Engine::abort), [`abort_id`](Engine::abort_id), [`gone`](Engine::gone), [`fence`](Engine::fence), [`advance`](Engine::advance), [`poll_decision`](Engine::poll_decision), [`decisions`](Engine::decisions), and the getters |
 //! | either, not split ([`Ledger`]) | all of the above, one at a time (`&mut self`) |
 //!
@@ -172,8 +193,8 @@
 //! | atomic | written by | protects | orderings |
 //! | --- | --- | --- | --- |
 //! | slot state word (`state_word.rs`) | both, by CAS (a plain `Release` store when one thread holds `&mut Ledger`) | outstanding count, failed and settle flags, phase, generation | `AcqRel` CAS; `Release` publish/free by the owner; `Acquire` loads |
-//! | shared clock (`shared.rs`) | owner, at each `advance` | the low 32 bits of the engine's time, for stamping failure notices | `Relaxed` store and load: a stale read stamps a notice with an earlier advance's time, which is the time the engine believed it was |
-//! | failure stamp (`slot.rs`) | ingest, before the CAS that resolves an edge by a failure notice | when the last failure notice came | `Relaxed` store sequenced before the `AcqRel` CAS that sets the state word's settle bit; the owner reads it after seeing that bit (`Acquire`); a `gone`'s time is no atomic: the engine keeps it in its own record of the request |
+//! | shared clock (`shared.rs`) | owner, at each `advance` | the low 32 bits of the engine's time, for stamping failure notices | `Relaxed` store and load: a stale read stamps a notice with an earlier advance's time, which is the time the engine believed it was (or with the notice's arrival, if later) |
+//! | failure stamp (`slot.rs`) | ingest, before the CAS that resolves an edge by a failure notice | when the last failure notice came: the later of the clock it read and its arrival time (the ingest half's own, no atomic) | `Relaxed` store sequenced before the `AcqRel` CAS that sets the state word's settle bit; the owner reads it after seeing that bit (`Acquire`); a `gone`'s time is no atomic: the engine keeps it in its own record of the request |
 //! | slot identity (fingerprint, edge count) | owner, while the slot is free | which request the slot holds | `Relaxed` stores after a `Release` fence; readers validate with an `Acquire` fence and a second state load (seqlock) |
 //! | edge words (`slot.rs`) | owner at registration; both by CAS (a plain store with `&mut Ledger`) | per-agent resolution, tagged with the generation | `AcqRel` CAS, `Acquire` loads |
 //! | index buckets (`index.rs`) | owner | id → slot | `Release` stores, `Acquire` loads |
@@ -226,6 +247,7 @@ pub mod producer;
 mod ready;
 mod shared;
 mod slot;
+mod stamp;
 mod state_word;
 mod sync;
 mod ticket;

@@ -29,7 +29,7 @@ pub(crate) struct Request {
     /// `gone_at` as from a failure notice (rule 8).
     pub(crate) gone: bool,
     /// The low 32 bits of the clock at the last `gone` that resolved one of the edges
-    /// (read like a failure stamp, `Engine::stamped_at`); meaningful only with `gone`.
+    /// (a stamp, read like a failure notice's: `stamp.rs`); meaningful only with `gone`.
     /// The engine's own copy: the slot's failure stamp has one writer, the ingest thread.
     pub(crate) gone_at: u32,
     /// What was owed when the deadline passed, for the `Expired` decision built at

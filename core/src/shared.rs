@@ -18,10 +18,11 @@ pub(crate) struct Shared<const N: usize, const E: usize> {
     pub(crate) tombstones: Tombstones<N>,
     pub(crate) ready: ReadyRing<N>,
     /// The low 32 bits of the engine's clock, published by every `advance` (`Relaxed`) for
-    /// the ingest thread to stamp failure notices with: a notice handled between two
-    /// advances counts as received at the earlier one, which is the time the engine
-    /// believed it was. The owner turns a stamp back into a full time against its own
-    /// clock (`Engine::failure_noticed_at`).
+    /// the ingest thread to stamp failure notices with: a notice is never dated earlier
+    /// than the engine's clock. The ingest half dates it at its arrival instead when it
+    /// was given a later one (`Ingest::set_arrival`); without one, a notice handled
+    /// between two advances counts as received at the earlier one. The owner turns a
+    /// stamp back into a full time against its own clock (`stamp::read`).
     pub(crate) clock: AtomicU32,
 }
 

@@ -63,8 +63,9 @@ pub(crate) struct SharedSlot<const E: usize> {
     /// Number of named edges; 0 in counting mode.
     named: AtomicU32,
     edges: [AtomicU32; E],
-    /// The low 32 bits of the clock (`Shared::clock`) when a failure notice last resolved
-    /// one of this request's edges; meaningful only while the state word's `S` bit is set.
+    /// When a failure notice last resolved one of this request's edges, as a stamp
+    /// (`stamp.rs`): the later of the published clock (`Shared::clock`) and the notice's
+    /// arrival; meaningful only while the state word's `S` bit is set.
     failure_noticed_at: AtomicU32,
 }
 
@@ -163,16 +164,16 @@ impl<const E: usize> SharedSlot<E> {
         mask
     }
 
-    /// Ingest: a failure notice is about to resolve an edge of this slot at `clock` (the
-    /// low 32 bits of the last published clock). Stored before the state-word CAS that
-    /// sets `S`, which releases it to whoever sees `S`. Only the one ingest thread stores
-    /// here and the clock it reads never goes back, so the word holds the latest notice's
-    /// time. A notice whose CAS then fails (its request ended under it and the slot was
+    /// Ingest: a failure notice is about to resolve an edge of this slot at `at` (a stamp:
+    /// the later of the last published clock and the notice's arrival). Stored before the
+    /// state-word CAS that sets `S`, which releases it to whoever sees `S`. Only the one
+    /// ingest thread stores here, and neither the clock it reads nor its arrival time
+    /// goes back, so the word holds the latest notice's time. A notice whose CAS then fails (its request ended under it and the slot was
     /// recycled) leaves its time here; the next request can only read a time at or after
     /// its own last failure notice from it, so the stray store can delay a release but
     /// never advance one.
-    pub(crate) fn stamp_failure_notice(&self, clock: u32) {
-        self.failure_noticed_at.store(clock, Ordering::Relaxed);
+    pub(crate) fn stamp_failure_notice(&self, at: u32) {
+        self.failure_noticed_at.store(at, Ordering::Relaxed);
     }
 
     /// Owner, after seeing `S` in the state word (`Acquire`): the stamp of the last failure

@@ -40,6 +40,12 @@
 //! the engine thread calls [`ConsumerEngine::poll`] when the ingest half decided a request
 //! or at the next wakeup, whichever comes first.
 //!
+//! * **Failure notices are dated at their drain**: [`ConsumerDriver::poll`] gives the
+//!   core the round's `now` as the batch's arrival before ingesting it, and an ingest
+//!   thread gives each batch its time with [`ConsumerIngest::set_arrival`], so a
+//!   `PUSH_FAIL:` settles for `Config::settle` from when it was drained, not from the
+//!   engine half's previous round.
+//!
 //! A transport whose drain fails leaves the rest of the round done: the poll reports the
 //! [`DrainError`] after lost producers were reported, the clock advanced (deadlines,
 //! quarantines and settle ends decided) and heartbeats sent.
@@ -378,6 +384,15 @@ impl<const N: usize, const E: usize> ConsumerIngest<'_, N, E> {
         }
         self.ingest.handle_notification(id, bytes)
     }
+
+    /// The notifications ingested from now on arrived at `now` (on the clock the engine
+    /// half is given): call it once per drained batch, with the time of the drain, so that
+    /// a failure notice settles from its arrival rather than from the engine half's last
+    /// round (the core's [`Ingest::set_arrival`]: an earlier time than one given before is
+    /// ignored). The driver reads no clock: the time comes in, as everywhere else.
+    pub fn set_arrival(&mut self, now: Instant) {
+        self.ingest.set_arrival(now);
+    }
 }
 
 impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
@@ -495,6 +510,8 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
         let drained = transport.drain_notifications(&mut inbox);
         let (mut ingest, mut engine) = self.split();
         let before = engine.pending_events();
+        // Drained at `now`, before the engine's round advances to it: dated there.
+        ingest.set_arrival(now);
         for (sender, bytes) in &inbox {
             let noticed = ingest.ingest(sender, bytes);
             // Decided on this thread: queued at once, in the order the notices came.

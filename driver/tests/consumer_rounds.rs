@@ -225,3 +225,67 @@ fn the_engine_half_says_when_to_wake_it() {
     let counters = d.counters();
     assert_eq!((counters.disconnects, counters.gones), (1, 1));
 }
+
+/// A failure notice drained in a round is dated at that round's time, not at the round
+/// before (the engine's last advance): its blocks settle from when it was drained (rule
+/// 8). Steps at 0 and 10, then a slow one: the notice is drained at 600, settle 500.
+#[test]
+fn a_failure_notice_settles_from_the_round_that_drained_it() {
+    // `consumer()`'s fabric and endpoints; its driver releases with the decision, this
+    // one settles.
+    let (_, fabric, mut dt) = consumer();
+    let mut ledger = Config::with_capacity(64);
+    ledger.settle = Duration::from_millis(500);
+    ledger.deadline = Duration::from_millis(100_000);
+    let mut settling = ConsumerDriver::<64, 8>::new(ConsumerConfig {
+        engine_id: "engine-d".into(),
+        host: "127.0.0.1".into(),
+        port: 1,
+        tp_rank: 0,
+        tp_size: 1,
+        lease: Duration::from_millis(1_000_000),
+        ledger,
+    });
+    settling
+        .add_producer_engine(ProducerEngine {
+            engine_id: P_ENGINE.into(),
+            host: "127.0.0.1".into(),
+            port: 2,
+            tp_size: 2,
+            pp_size: 1,
+            mla: false,
+            agents: vec!["p0".into(), "p1".into()],
+        })
+        .expect("directory");
+    settling
+        .engine()
+        .register(&mut dt, request("s", None), Instant::ZERO)
+        .expect("register s");
+    settling.poll(&mut dt, at(10)).expect("round at 10");
+    let mut p0 = fabric.endpoint("p0");
+    let mut p1 = fabric.endpoint("p1");
+    let d0 = Peer::Agent("d0");
+    p0.send_notification(d0, b"s:2").expect("p0 sends");
+    p1.send_notification(d0, b"PUSH_FAIL:s:2")
+        .expect("p1 sends");
+    settling
+        .poll(&mut dt, at(600))
+        .expect("the slow step's round");
+    let mut engine = settling.engine();
+    assert!(matches!(
+        engine.poll_event(),
+        Some(ConsumerEvent::Failed { .. })
+    ));
+    assert_eq!(
+        engine.poll_event(),
+        None,
+        "not released in the round it is seen"
+    );
+    settling.poll(&mut dt, at(1_099)).expect("round");
+    assert_eq!(settling.engine().poll_event(), None);
+    settling.poll(&mut dt, at(1_100)).expect("round");
+    assert!(matches!(
+        settling.engine().poll_event(),
+        Some(ConsumerEvent::Release { forced: false, .. })
+    ));
+}

@@ -200,6 +200,7 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
         let name = self.agent.name();
         let engine_thread = std::thread::current();
         let (mut ingest, engine) = self.driver.split();
+        let epoch = self.epoch;
         std::thread::scope(|s| {
             let (stop, error, published) = (&stop, &pump_error, &published);
             let ingest_latency = &mut self.ingest_latency;
@@ -215,6 +216,9 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
                         }
                     };
                     let received = Instant::now();
+                    // The batch's failure notices settle from now, on the driver's clock,
+                    // not from the engine thread's last round (rule 8).
+                    ingest.set_arrival(kvdrain::Instant::from_millis(ms_since(epoch)));
                     let mut decided_any = false;
                     for (sender, bytes) in &batch {
                         if let Ok(Noticed::Decided) = ingest.ingest(sender, bytes) {

@@ -588,6 +588,23 @@ kvdrain_status kvdrain_ingest_feed_batch(struct kvdrain_ingest *ingest,
                                          kvdrain_notice *outcomes,
                                          size_t *decided);
 
+// Tells the ingest half when the notifications fed from now on arrived: `now_ms`, on
+// the clock `kvdrain_engine_advance` is given, at which the ingest thread took them from
+// the transport. Call it once per batch, before feeding it. A failure notice
+// (`PUSH_FAIL:`) is then dated at the later of this time and the engine's clock, so its
+// blocks settle for `settle_ms` from its arrival rather than from the engine's last
+// advance (which an engine that advances once per step leaves up to a step behind).
+// Without a call, a failure notice is dated at the engine's last advance, as before.
+// Completions are not dated. A time earlier than one given before is ignored (the later
+// one stays, which can only delay a release): not an error. Give a time with every
+// batch or never: one left more than 2^31 ms (24.8 days) behind the engine's clock reads
+// as ahead of it and dates notices up to that much late (a delay, never an early
+// release). Never blocks, never allocates. Ingest thread.
+//
+// # Safety
+// `ingest` is NULL or a live ingest handle.
+kvdrain_status kvdrain_ingest_set_arrival(struct kvdrain_ingest *ingest, uint64_t now_ms);
+
 // Copies the ingest half's counters into `*out`. Ingest thread.
 //
 // # Safety

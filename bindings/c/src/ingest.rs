@@ -1,6 +1,6 @@
 //! The ingest half: notifications in, one at a time or in batches.
 
-use kvdrain::{AgentId, IgnoreReason, Ignored, IngestCounters, Noticed};
+use kvdrain::{AgentId, IgnoreReason, Ignored, IngestCounters, Instant, Noticed};
 
 use crate::group::{CoreIngest, kvdrain_ingest, with_half};
 use crate::status::kvdrain_status::{self, *};
@@ -126,6 +126,35 @@ pub unsafe extern "C" fn kvdrain_ingest_feed_batch(
                 }
             }
             write_opt(decided, count);
+            KVDRAIN_OK
+        })
+    }
+}
+
+/// Tells the ingest half when the notifications fed from now on arrived: `now_ms`, on
+/// the clock `kvdrain_engine_advance` is given, at which the ingest thread took them from
+/// the transport. Call it once per batch, before feeding it. A failure notice
+/// (`PUSH_FAIL:`) is then dated at the later of this time and the engine's clock, so its
+/// blocks settle for `settle_ms` from its arrival rather than from the engine's last
+/// advance (which an engine that advances once per step leaves up to a step behind).
+/// Without a call, a failure notice is dated at the engine's last advance, as before.
+/// Completions are not dated. A time earlier than one given before is ignored (the later
+/// one stays, which can only delay a release): not an error. Give a time with every
+/// batch or never: one left more than 2^31 ms (24.8 days) behind the engine's clock reads
+/// as ahead of it and dates notices up to that much late (a delay, never an early
+/// release). Never blocks, never allocates. Ingest thread.
+///
+/// # Safety
+/// `ingest` is NULL or a live ingest handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvdrain_ingest_set_arrival(
+    ingest: *mut kvdrain_ingest,
+    now_ms: u64,
+) -> kvdrain_status {
+    // SAFETY: as documented.
+    unsafe {
+        with_half(ingest, |half| {
+            half.set_arrival(Instant::from_millis(now_ms));
             KVDRAIN_OK
         })
     }

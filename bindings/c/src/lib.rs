@@ -29,7 +29,8 @@
 //!
 //! ## Drive contract
 //!
-//! **Time enters only through `kvdrain_engine_advance`; events through
+//! **Time enters through `kvdrain_engine_advance` (the engine's clock) and
+//! `kvdrain_ingest_set_arrival` (when a batch of notifications arrived); events through
 //! `kvdrain_ingest_feed[_batch]`, `kvdrain_engine_register`, `_abort`, `_gone` and
 //! `_fence`; decisions leave through `kvdrain_engine_poll`, into your array.**
 //!
@@ -37,12 +38,16 @@
 //! 2. Per request: `kvdrain_engine_register` (id bytes, your `uint64_t` block handle, a
 //!    count or a list of agents, optional deadline); keep the key.
 //! 3. Per NIXL notification: `kvdrain_ingest_feed` (sender's agent number, raw bytes), or
-//!    `kvdrain_ingest_feed_batch` with parallel arrays.
+//!    `kvdrain_ingest_feed_batch` with parallel arrays. Per batch, first
+//!    `kvdrain_ingest_set_arrival(now_ms)` with the time it was drained, on the engine's
+//!    clock: a `PUSH_FAIL:` then settles from its arrival, not from the engine's last
+//!    advance (up to a scheduler step earlier).
 //! 4. On `KVDRAIN_NOTICE_DECIDED` or each scheduler step: `kvdrain_engine_poll` until it
 //!    returns fewer decisions than asked; act on each.
 //! 5. Each scheduler step: `kvdrain_engine_advance(now_ms)`, then poll (settle ends fire
 //!    here too).
-//! 6. Client cancel: `kvdrain_engine_abort(key)`.
+//! 6. Client cancel: `kvdrain_engine_advance(now_ms)`, then `kvdrain_engine_abort(key)`:
+//!    an abort is dated at the engine's clock, and its quarantine runs from there.
 //! 7. A producer lost or invalidated (a failed send or heartbeat, a reset connection, a dead
 //!    process, invalidated metadata): `kvdrain_engine_advance(now_ms)` then
 //!    `kvdrain_engine_gone(agent)`, then poll: its edges fail now and their blocks settle,
@@ -120,7 +125,7 @@ pub use engine::{
 pub use group::{kvdrain_engine, kvdrain_ingest, kvdrain_ledger};
 pub use ingest::{
     kvdrain_ingest_counters, kvdrain_ingest_feed, kvdrain_ingest_feed_batch, kvdrain_ingest_free,
-    kvdrain_ingest_get_counters, kvdrain_notice,
+    kvdrain_ingest_get_counters, kvdrain_ingest_set_arrival, kvdrain_notice,
 };
 pub use ledger::{kvdrain_ledger_free, kvdrain_ledger_new, kvdrain_ledger_split};
 pub use producer::{

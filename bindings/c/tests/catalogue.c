@@ -1,8 +1,9 @@
 /*
  * The C ABI against the failure catalogue (docs/protocol.md): C2 in both orders,
  * duplicates, unknown ids, garbage bytes, a full table, abort, deadline, fence, gone,
- * settling, handle misuse, the producer's owed notices, and two threads feeding and
- * polling at once (>= 10^5 requests, no decision lost or doubled).
+ * settling (from the last advance, or from a notice's arrival), handle misuse, the
+ * producer's owed notices, and two threads feeding and polling at once (>= 10^5
+ * requests, no decision lost or doubled).
  *
  * Built by `make c-test` with -fsanitize=address,undefined against the static library,
  * and once more against the installed library through pkg-config. Prints
@@ -414,6 +415,46 @@ static void test_settling(void) {
     OK(kvdrain_engine_advance(f.engine, 100));
     CHECK(poll_all(&f, d, 4, 4) == 1);
     expect_decision(&d[0], KVDRAIN_RELEASED, key, 7, 0);
+    close_ledger(&f);
+}
+
+/* Rule 8 across a slow engine step: steps at 0 and 10, then the ingest thread takes a
+ * PUSH_FAIL at 600 and says so (kvdrain_ingest_set_arrival): the blocks settle until
+ * 600 + 500, not 10 + 500, so they are not released in the step that sees the failure.
+ * An earlier arrival than one given is ignored; without one, the last advance dates. */
+static void test_settling_from_arrival(void) {
+    kvdrain_config cfg;
+    OK(kvdrain_config_default(16, &cfg));
+    cfg.deadline_ms = 100000;
+    cfg.settle_ms = 500;
+    fixture f = open_with(&cfg);
+    const uint16_t agents[] = {0, 1};
+    uint64_t late = 0, plain = 0;
+    OK(reg(&f, "slow", 7, 0, agents, 2, 0, &late));
+    OK(reg(&f, "plain", 8, 0, agents, 2, 0, &plain));
+    OK(kvdrain_engine_advance(f.engine, 0));
+    OK(kvdrain_engine_advance(f.engine, 10));
+    CHECK(feed(&f, 0, "plain:2") == KVDRAIN_NOTICE_COUNTED);
+    CHECK(feed(&f, 1, "PUSH_FAIL:plain:2") == KVDRAIN_NOTICE_DECIDED); /* dated 10 */
+    OK(kvdrain_ingest_set_arrival(f.ingest, 600));
+    OK(kvdrain_ingest_set_arrival(f.ingest, 300)); /* earlier: ignored */
+    CHECK(feed(&f, 0, "slow:2") == KVDRAIN_NOTICE_COUNTED);
+    CHECK(feed(&f, 1, "PUSH_FAIL:slow:2") == KVDRAIN_NOTICE_DECIDED); /* dated 600 */
+    kvdrain_decision d[4];
+    CHECK(poll_all(&f, d, 4, 4) == 2);
+    expect_decision(&d[0], KVDRAIN_FAILED, plain, 0, 0);
+    expect_decision(&d[1], KVDRAIN_FAILED, late, 0, 0);
+    OK(kvdrain_engine_advance(f.engine, 510));
+    CHECK(poll_all(&f, d, 4, 4) == 1);
+    expect_decision(&d[0], KVDRAIN_RELEASED, plain, 8, 0);
+    OK(kvdrain_engine_advance(f.engine, 600));
+    CHECK(poll_all(&f, d, 4, 4) == 0); /* not in the step that saw it */
+    OK(kvdrain_engine_advance(f.engine, 1099));
+    CHECK(poll_all(&f, d, 4, 4) == 0);
+    OK(kvdrain_engine_advance(f.engine, 1100));
+    CHECK(poll_all(&f, d, 4, 4) == 1);
+    expect_decision(&d[0], KVDRAIN_RELEASED, late, 7, 0);
+    EXPECT(kvdrain_ingest_set_arrival(NULL, 600), KVDRAIN_ERR_NULL);
     close_ledger(&f);
 }
 
@@ -1129,6 +1170,7 @@ int main(void) {
     RUN(test_fence);
     RUN(test_gone);
     RUN(test_settling);
+    RUN(test_settling_from_arrival);
     RUN(test_settling_holds_its_slot);
     RUN(test_settling_counts_from_the_last_notice);
     RUN(test_settling_against_quarantine);

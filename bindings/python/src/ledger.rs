@@ -26,6 +26,21 @@ fn invalid_argument(why: String) -> PyErr {
     InvalidArgumentError::new_err(why)
 }
 
+/// The `ClockBackwardsError` of a refused clock move (`advance`, or the `now_ms` of an
+/// `abort`, `gone` or `fence`).
+fn clock_backwards(e: ClockError) -> PyErr {
+    let ClockError::Backwards { last, now } = e;
+    ClockBackwardsError::new_err((
+        format!(
+            "clock went backwards from {} ms to {} ms",
+            last.millis(),
+            now.millis()
+        ),
+        last.millis(),
+        now.millis(),
+    ))
+}
+
 /// The table sizes (`N` of `Ledger<N, 8>`) the module is built with; a ledger gets the
 /// smallest that holds its capacity. At least 1024 so the tombstones remember thousands of
 /// decided ids (`late` rather than `unknown`) however small the capacity.
@@ -65,19 +80,27 @@ enum ExpectArg<'py> {
 }
 
 impl PyLedger {
-    /// `fence` and `gone`: a stranger (no registration named it) has no edges to end.
+    /// `fence` and `gone`: a stranger (no registration named it) has no edges to end, but
+    /// the clock still moves to `now_ms` if given.
     fn end_agent<'py>(
         &self,
         py: Python<'py>,
         agent: &Bound<'py, PyString>,
         how: AgentEnd,
+        now_ms: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let name = args::utf8(agent, "agent name", invalid_argument)?;
+        let now_ms = args::unsigned_opt(now_ms, "now_ms", invalid_argument)?;
         let agent = lock(py, &self.agents).lookup(name);
-        if agent == AgentId::STRANGER {
-            return Ok(PyList::empty(py));
+        let taken = match (agent == AgentId::STRANGER, now_ms) {
+            (true, None) => return Ok(PyList::empty(py)),
+            (true, Some(now_ms)) => self.tracker.advance(py, now_ms),
+            (false, _) => self
+                .tracker
+                .end_agent(py, agent, how, now_ms)
+                .map(|(_, taken)| taken),
         }
-        let (_, taken) = self.tracker.end_agent(py, agent, how);
+        .map_err(clock_backwards)?;
         self.decisions(py, taken)
     }
 
@@ -467,11 +490,24 @@ impl PyLedger {
     /// propagates, carrying the producer-bound ones among them as its
     /// `kvdrain_producer_bound` attribute. The batch is read in chunks (`feed.rs`); a
     /// chunk of 512 messages or more is fed with the GIL released.
+    ///
+    /// `now_ms`: when the batch arrived (taken from NIXL), on the clock `advance` is given.
+    /// A failure notice is then dated at the later of `now_ms` and the clock, so its
+    /// blocks settle for `settle_ms` from its arrival, not from the last `advance`. A
+    /// `now_ms` earlier than one an earlier `feed` gave is not an error: the later one
+    /// stays (the core's `Ingest::set_arrival`). Without it, a failure notice is dated at
+    /// the later of the clock and the last `now_ms` given, if any.
+    #[pyo3(signature = (notifs, now_ms = None))]
     fn feed<'py>(
         &self,
         py: Python<'py>,
         notifs: &Bound<'py, PyAny>,
+        now_ms: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
+        // Checked before anything is read: a bad time feeds nothing.
+        if let Some(now_ms) = args::unsigned_opt(now_ms, "now_ms", invalid_argument)? {
+            self.tracker.set_arrival(py, now_ms);
+        }
         let mut reader = BatchReader::new(py, &*self.tracker, &self.agents);
         let failure = reader.read(notifs)?;
         let out = reader.finish()?;
@@ -486,7 +522,8 @@ impl PyLedger {
     }
 
     /// Decisions the fed notices made ready (completed; failed then released; released of
-    /// an aborted or expired request), in the order they were taken.
+    /// an aborted or expired request), in the order they were taken, after any that an
+    /// `abort(..., now_ms=...)`'s clock move took (those wait here).
     fn poll<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let taken = self.tracker.poll(py);
         self.decisions(py, taken)
@@ -522,28 +559,32 @@ impl PyLedger {
         now_ms: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         let now_ms = args::unsigned(now_ms, "now_ms", invalid_argument)?;
-        match self.tracker.advance(py, now_ms) {
-            Ok(taken) => self.decisions(py, taken),
-            Err(ClockError::Backwards { last, now }) => Err(ClockBackwardsError::new_err((
-                format!(
-                    "clock went backwards from {} ms to {} ms",
-                    last.millis(),
-                    now.millis()
-                ),
-                last.millis(),
-                now.millis(),
-            ))),
-        }
+        let taken = self.tracker.advance(py, now_ms).map_err(clock_backwards)?;
+        self.decisions(py, taken)
     }
 
     /// Aborts a request: returns its `aborted` decision (its blocks stay fenced until a
     /// `released`), or `None` if it was decided already.
+    ///
+    /// `now_ms`: the clock moves there first, as `advance(now_ms)` would, so the abort is
+    /// dated at that moment (the quarantine runs `quarantine_ms` from it); an earlier time
+    /// than the clock raises `ClockBackwardsError` and aborts nothing. The decisions the
+    /// move takes (deadlines, settle and quarantine ends reached) are not returned here:
+    /// they wait for the next `poll`.
+    #[pyo3(signature = (request_id, *, now_ms = None))]
     fn abort(
         &self,
         py: Python<'_>,
         request_id: &Bound<'_, PyString>,
+        now_ms: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Py<Decision>>> {
-        match self.tracker.abort(py, args::request_id_utf8(request_id)?) {
+        let id = args::request_id_utf8(request_id)?;
+        let now_ms = args::unsigned_opt(now_ms, "now_ms", invalid_argument)?;
+        let aborted = self
+            .tracker
+            .abort(py, id, now_ms)
+            .map_err(clock_backwards)?;
+        match aborted {
             Ok(taken) => Ok(Some(self.decision(py, taken)?)),
             Err(AbortError::Late) => Ok(None),
             Err(AbortError::Unknown) => Err(UnknownRequestError::new_err((
@@ -558,24 +599,32 @@ impl PyLedger {
     /// its bytes already on the way can land: every outstanding named edge of it resolves
     /// as failed now, as a failure notice from it would, and the blocks settle for
     /// `settle_ms` from now. Returns the decisions this takes.
+    ///
+    /// `now_ms`: the clock moves there first, as `advance(now_ms)` would (an earlier time
+    /// raises `ClockBackwardsError` and changes nothing), so the blocks settle from that
+    /// moment; the decisions the move takes come first in the list.
+    #[pyo3(signature = (agent, *, now_ms = None))]
     fn gone<'py>(
         &self,
         py: Python<'py>,
         agent: &Bound<'py, PyString>,
+        now_ms: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
-        self.end_agent(py, agent, AgentEnd::Gone)
+        self.end_agent(py, agent, AgentEnd::Gone, now_ms)
     }
 
     /// The transport proves that `agent` can no longer write here (nothing of it in
     /// flight, none of it can land): every outstanding named edge of it resolves as
     /// failed, with no settling. A peer merely seen gone is [`gone`](Self::gone).
-    /// Returns the decisions this takes.
+    /// Returns the decisions this takes. `now_ms` as for `gone`.
+    #[pyo3(signature = (agent, *, now_ms = None))]
     fn fence<'py>(
         &self,
         py: Python<'py>,
         agent: &Bound<'py, PyString>,
+        now_ms: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
-        self.end_agent(py, agent, AgentEnd::Fence)
+        self.end_agent(py, agent, AgentEnd::Fence, now_ms)
     }
 
     /// Every counter of both halves, by name.

@@ -128,13 +128,30 @@ pub(crate) trait Tracker: Send + Sync {
         blocks: &mut Vec<Py<PyAny>>,
         others: &mut Vec<Taken>,
     );
+    /// Tells the ingest half when the notices fed from now on arrived (the core's
+    /// `Ingest::set_arrival`: an earlier time than one given before is ignored).
+    fn set_arrival(&self, py: Python<'_>, now_ms: u64);
     /// Moves the clock; deadlines and quarantine ends fire.
     fn advance(&self, py: Python<'_>, now_ms: u64) -> Result<Vec<Taken>, ClockError>;
-    /// Aborts a request by id.
-    fn abort(&self, py: Python<'_>, id: &str) -> Result<Taken, AbortError>;
+    /// Aborts a request by id, after moving the clock to `now_ms` if given (under the same
+    /// lock). The decisions that move takes stay queued for the next `poll`: an abort
+    /// hands out its own `aborted` only.
+    fn abort(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        now_ms: Option<u64>,
+    ) -> Result<Result<Taken, AbortError>, ClockError>;
     /// Resolves every outstanding named edge of `agent` as failed, as the core's `fence`
-    /// or `gone` (`how`) does.
-    fn end_agent(&self, py: Python<'_>, agent: AgentId, how: AgentEnd) -> (u32, Vec<Taken>);
+    /// or `gone` (`how`) does, after moving the clock to `now_ms` if given (under the
+    /// same lock). Returns the decisions of both, the clock's first.
+    fn end_agent(
+        &self,
+        py: Python<'_>,
+        agent: AgentId,
+        how: AgentEnd,
+        now_ms: Option<u64>,
+    ) -> Result<(u32, Vec<Taken>), ClockError>;
     /// Both halves' counters plus the entries that were not `bytes`.
     fn counters(&self, py: Python<'_>) -> (IngestCounters, u64, EngineCounters);
     /// Visits every Python object the engine side holds (`tp_traverse`). Skips them if
@@ -304,6 +321,26 @@ fn take_queued<const N: usize>(engine: &mut Engine<'_, N, EDGES>, each: impl FnM
     engine.drain_queued().for_each(each);
 }
 
+/// The core's `abort_id` under the engine lock, as an `aborted` decision.
+fn abort_side<const N: usize>(
+    side: &mut EngineSide<'_, N>,
+    py: Python<'_>,
+    id: &str,
+) -> Result<Taken, AbortError> {
+    let q = side.engine.abort_id(id)?;
+    let entry = side.requests.get(q.key().get()).map(|e| e.clone_ref(py));
+    // A request the core tracks is always in the table; if it were not, the abort
+    // would concern nothing the caller registered.
+    let entry = entry.ok_or(AbortError::Unknown)?;
+    Ok(Taken {
+        kind: Kind::Aborted,
+        entry,
+        at_ms: side.engine.now().millis(),
+        forced: false,
+        outstanding: Some(q.outstanding()),
+    })
+}
+
 impl<const N: usize> Tracker for Halves<N> {
     fn feed(
         &self,
@@ -442,38 +479,52 @@ impl<const N: usize> Tracker for Halves<N> {
         Ok(out)
     }
 
-    fn abort(&self, py: Python<'_>, id: &str) -> Result<Taken, AbortError> {
+    fn set_arrival(&self, py: Python<'_>, now_ms: u64) {
+        self.with_sides(|sides| {
+            lock(py, &sides.ingest)
+                .ingest
+                .set_arrival(Instant::from_millis(now_ms));
+        });
+    }
+
+    fn abort(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        now_ms: Option<u64>,
+    ) -> Result<Result<Taken, AbortError>, ClockError> {
         self.with_sides(|sides| {
             let mut side = lock(py, &sides.engine);
-            let q = side.engine.abort_id(id)?;
-            let entry = side.requests.get(q.key().get()).map(|e| e.clone_ref(py));
-            // A request the core tracks is always in the table; if it were not, the abort
-            // would concern nothing the caller registered.
-            let entry = entry.ok_or(AbortError::Unknown)?;
-            Ok(Taken {
-                kind: Kind::Aborted,
-                entry,
-                at_ms: side.engine.now().millis(),
-                forced: false,
-                outstanding: Some(q.outstanding()),
-            })
+            if let Some(now_ms) = now_ms {
+                side.engine.advance(Instant::from_millis(now_ms))?;
+            }
+            Ok(abort_side(&mut side, py, id))
         })
     }
 
-    fn end_agent(&self, py: Python<'_>, agent: AgentId, how: AgentEnd) -> (u32, Vec<Taken>) {
+    fn end_agent(
+        &self,
+        py: Python<'_>,
+        agent: AgentId,
+        how: AgentEnd,
+        now_ms: Option<u64>,
+    ) -> Result<(u32, Vec<Taken>), ClockError> {
         let mut out = Vec::new();
         let resolved = self.with_sides(|sides| {
             let mut side = lock(py, &sides.engine);
             let EngineSide { engine, requests } = &mut *side;
+            if let Some(now_ms) = now_ms {
+                engine.advance(Instant::from_millis(now_ms))?;
+            }
             let at_ms = engine.now().millis();
             let resolved = match how {
                 AgentEnd::Fence => engine.fence(agent),
                 AgentEnd::Gone => engine.gone(agent),
             };
             take_queued(engine, |d| out.extend(taken(requests, py, at_ms, d)));
-            resolved
-        });
-        (resolved, out)
+            Ok::<u32, ClockError>(resolved)
+        })?;
+        Ok((resolved, out))
     }
 
     fn counters(&self, py: Python<'_>) -> (IngestCounters, u64, EngineCounters) {

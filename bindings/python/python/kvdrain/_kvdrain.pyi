@@ -94,21 +94,36 @@ class Ledger:
     ) -> None:
         """Registers in order; on the first refusal (or an id that can never complete)
         it raises as ``register`` does: the requests before it stay registered."""
-    def feed(self, notifs: Mapping[str, Iterable[bytes]]) -> list[tuple[str, bytes]]:
+    def feed(
+        self, notifs: Mapping[str, Iterable[bytes]], now_ms: int | None = None
+    ) -> list[tuple[str, bytes]]:
         """Feeds one NIXL batch; returns the producer-bound messages. Message content never
         raises; only ``bytes`` are messages (a ``bytes``, ``bytearray``, ``memoryview`` or
         ``str`` value is one message). If reading the batch raises, what was read before
         is fed and that exception propagates with ``kvdrain_producer_bound`` set. The batch
         is read in chunks of 65 536 messages; a chunk of 512 or more is fed to the core
-        with the GIL released."""
-    def poll(self) -> list[Decision]: ...
+        with the GIL released.
+
+        ``now_ms``: when the batch arrived, on the clock ``advance`` is given. Its failure
+        notices are dated at the later of ``now_ms`` and the clock (and of any later
+        ``now_ms`` an earlier ``feed`` gave), so they settle from their arrival, not from
+        the last ``advance``. Without it, they are dated at the later of the clock and the
+        last ``now_ms`` given, if any. InvalidArgumentError for one outside 0..2**64."""
+    def poll(self) -> list[Decision]:
+        """Decisions the fed notices made ready, after any that the clock move of an
+        ``abort(..., now_ms=...)`` took."""
     def poll_split(self) -> tuple[list[str], list[Decision]]: ...
     def advance(self, now_ms: int) -> list[Decision]:
         """Raises ClockBackwardsError for an earlier time, InvalidArgumentError for one
         outside 0..2**64."""
-    def abort(self, request_id: str) -> Decision | None: ...
-    def fence(self, agent: str) -> list[Decision]: ...
-    def gone(self, agent: str) -> list[Decision]: ...
+    def abort(self, request_id: str, *, now_ms: int | None = None) -> Decision | None:
+        """``now_ms``: ``advance(now_ms)`` first (same errors), so the abort and its
+        quarantine are dated then; the decisions that move takes wait for ``poll``."""
+    def fence(self, agent: str, *, now_ms: int | None = None) -> list[Decision]:
+        """``now_ms``: ``advance(now_ms)`` first (same errors); its decisions come first."""
+    def gone(self, agent: str, *, now_ms: int | None = None) -> list[Decision]:
+        """``now_ms``: ``advance(now_ms)`` first (same errors), so the blocks settle from
+        then; its decisions come first."""
     def counters(self) -> dict[str, int]: ...
 
 @final
