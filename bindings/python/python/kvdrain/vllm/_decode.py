@@ -108,8 +108,9 @@ class DecodeReport:
     expired: int = 0
     after_expiry: int = 0
     """Notices for ids no longer tracked (vLLM's "notification after expiry")."""
-    counts: dict[str, int] = field(default_factory=dict)
-    """What happened in this step, by metric key (:data:`COUNT_KEYS`)."""
+    counts: dict[str, int] = field(default_factory=dict, compare=False)
+    """What happened in this step, by metric key (:data:`COUNT_KEYS`); for the metrics,
+    not part of the report's equality."""
 
     def count(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
