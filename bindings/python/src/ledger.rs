@@ -570,7 +570,8 @@ impl PyLedger {
     /// dated at that moment (the quarantine runs `quarantine_ms` from it); an earlier time
     /// than the clock raises `ClockBackwardsError` and aborts nothing. The decisions the
     /// move takes (deadlines, settle and quarantine ends reached) are not returned here:
-    /// they wait for the next `poll`.
+    /// they stay queued, and the next `poll` (or `advance`, `gone`, `fence`) returns them
+    /// first.
     #[pyo3(signature = (request_id, *, now_ms = None))]
     fn abort(
         &self,

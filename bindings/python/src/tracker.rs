@@ -134,8 +134,9 @@ pub(crate) trait Tracker: Send + Sync {
     /// Moves the clock; deadlines and quarantine ends fire.
     fn advance(&self, py: Python<'_>, now_ms: u64) -> Result<Vec<Taken>, ClockError>;
     /// Aborts a request by id, after moving the clock to `now_ms` if given (under the same
-    /// lock). The decisions that move takes stay queued for the next `poll`: an abort
-    /// hands out its own `aborted` only.
+    /// lock). The decisions that move takes stay queued for the next call that hands
+    /// queued decisions out (`poll`, `advance`, `gone`, `fence`): an abort hands out its
+    /// own `aborted` only.
     fn abort(
         &self,
         py: Python<'_>,

@@ -21,7 +21,7 @@ import queue
 import tempfile
 import threading
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -366,6 +366,7 @@ class Step:
     failed_recving: set[str] = field(default_factory=set)
     invalid_block_ids: set[int] = field(default_factory=set)
     per_rank_recving: list[set[str]] = field(default_factory=list)
+    per_rank_invalid: list[set[int]] = field(default_factory=list)
     error: BaseException | None = None
 
 
@@ -410,6 +411,10 @@ class DecodeEngine:
         self.steps = 0
         self.pending_output: list[KVConnectorOutput] | None = None
         self._last: SchedulerOutput | None = None
+        # Test hook: called with the rank just before that rank's writer round (after
+        # its start_load_kv and the step's deliveries), e.g. to move the clock inside a
+        # slow step so the notices of that round arrive late in the step.
+        self.before_writer_round: Callable[[int], None] | None = None
 
     # -- scheduler -------------------------------------------------------------------- #
 
@@ -446,9 +451,12 @@ class DecodeEngine:
             for rank, w in enumerate(self.workers):
                 if deliver and rank in deliver:
                     fake_nixl(w).deliver(deliver[rank])
+                if self.before_writer_round is not None:
+                    self.before_writer_round(rank)
                 writer_round(w)
                 res: KVConnectorTransferResults = w.get_transfer_results()
                 invalid = w.get_block_ids_with_load_errors()
+                seen.per_rank_invalid.append(set(invalid))
                 self.reported[rank].extend(sorted(res.finished_recving))
                 seen.per_rank_recving.append(set(res.finished_recving))
                 kvo = KVConnectorOutput(

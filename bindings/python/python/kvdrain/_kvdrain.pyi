@@ -118,7 +118,8 @@ class Ledger:
         outside 0..2**64."""
     def abort(self, request_id: str, *, now_ms: int | None = None) -> Decision | None:
         """``now_ms``: ``advance(now_ms)`` first (same errors), so the abort and its
-        quarantine are dated then; the decisions that move takes wait for ``poll``."""
+        quarantine are dated then; the decisions that move takes stay queued: the next
+        ``poll`` (or ``advance``, ``gone``, ``fence``) returns them first."""
     def fence(self, agent: str, *, now_ms: int | None = None) -> list[Decision]:
         """``now_ms``: ``advance(now_ms)`` first (same errors); its decisions come first."""
     def gone(self, agent: str, *, now_ms: int | None = None) -> list[Decision]:
