@@ -52,6 +52,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 from vllm_cpu import BLOCK_SIZE, CONTROL, LAYERS, PLUGIN
 
 from kvdrain.vllm._settings import Settings
+from kvdrain.vllm._nixl_tap import NixlTap
 from kvdrain.vllm.connector import KvdrainPushWorker
 
 __all__ = ["BLOCK_SIZE", "CONTROL", "LAYERS", "PLUGIN"]
@@ -182,6 +183,14 @@ class FakeNixl:
 
     def remove_remote_agent(self, agent: str) -> None:
         self.removed_agents.append(agent)
+
+
+def fake_nixl(w: NixlPushConnectorWorker) -> FakeNixl:
+    """A worker's :class:`FakeNixl` (the plugin's sits behind its NIXL tap)."""
+    agent = w.nixl_wrapper
+    fake = agent.agent if isinstance(agent, NixlTap) else agent
+    assert isinstance(fake, FakeNixl)
+    return fake
 
 
 class nixlNotFoundError(RuntimeError):  # noqa: N801 - NIXL's own exception name
@@ -329,24 +338,23 @@ def make_worker(
     )
     w.transfer_topo = topo
     if isinstance(w, KvdrainPushWorker):
-        w.kvdrain_setup(settings or Settings(60_000, 60_000, 5_000, 256), clock=clock)
+        w.kvdrain_attach(settings or Settings(60_000, 60_000, 5_000, 256), clock=clock)
     return w
 
 
 def writer_round(w: NixlPushConnectorWorker) -> None:
-    """One round of the worker's writer thread, run inline (deterministic): the plugin's
-    own round, or the body of vLLM's writer loop step 4 for vLLM's worker."""
-    if isinstance(w, KvdrainPushWorker):
-        w._kvdrain_writer_round()
-        return
-    # vLLM 0.33's writer thread sends the queued registrations (its loop step 1), then
-    # does exactly this with each batch (its loop step 4).
+    """One round of the worker's writer thread, run inline (deterministic): the body of
+    vLLM 0.33's writer loop, steps 1 and 4 (the registrations to send, then one NIXL
+    batch, ``PUSH_REG:`` to vLLM's handler and the rest to the engine thread). The
+    plugin runs this same code of vLLM's; it sees the batch through its NIXL tap."""
     while not w._reg_send_inbox.empty():
         rid, reg = w._reg_send_inbox.get_nowait()
         w._send_registration_to_p(rid, reg)
     for notifs in w.nixl_wrapper.get_new_notifs().values():
         for notif in notifs:
-            if not notif.startswith(b"PUSH_REG:"):
+            if notif.startswith(b"PUSH_REG:"):
+                w._handle_push_reg_notif(notif)
+            else:
                 w._pending_completion_notifs.put(notif)
 
 
@@ -423,21 +431,26 @@ class DecodeEngine:
     def abort(self, rid: str) -> None:
         self.scheduler.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
 
-    def step(self, deliver: dict[int, dict[str, list[bytes]]] | None = None) -> Step:
+    def step(
+        self, deliver: dict[int, dict[str, list[bytes]]] | None = None, *, slow_ms: int = 0
+    ) -> Step:
         """One engine step: schedule, every worker runs the step's metadata, takes its
         batch (``deliver[rank]``) on its writer thread and reports; the aggregate goes
-        to ``update_from_output``. An exception (an assert of vLLM's) is returned in
-        ``Step.error``."""
+        to ``update_from_output``. ``slow_ms``: the step is slow: the clock moves on that
+        much after the workers started it, before their writer threads read the batch.
+        An exception (an assert of vLLM's) is returned in ``Step.error``."""
         self.steps += 1
         seen = Step()
         out = self.scheduler.schedule()
         meta = out.kv_connector_metadata
         outputs = []
         try:
-            for rank, w in enumerate(self.workers):
+            for w in self.workers:
                 w.start_load_kv(copy.deepcopy(meta))  # each rank has its own copy
+            self.clock.advance_ms(slow_ms)
+            for rank, w in enumerate(self.workers):
                 if deliver and rank in deliver:
-                    w.nixl_wrapper.deliver(deliver[rank])
+                    fake_nixl(w).deliver(deliver[rank])
                 if self.before_writer_round is not None:
                     self.before_writer_round(rank)
                 writer_round(w)
@@ -553,7 +566,7 @@ class ProducerRank:
             w.dst_region_group_ids[eid] = []
             w.dst_uses_region_group_mapping[eid] = False
         self.w = w
-        self.nixl: FakeNixl = w.nixl_wrapper
+        self.nixl = fake_nixl(w)
         self.which = which
 
     def push(self, p_rid: str, d_rid: str, *, lease_s: float = 30.0) -> list[int]:

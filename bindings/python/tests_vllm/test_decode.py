@@ -315,6 +315,7 @@ def test_late_write_after_abort_and_release_is_ignored(which: str) -> None:
     e = engine(which, tp=1, p_tp=1)
     total = registered(e, "r", p_tp=1)
     e.abort("r")
+    wait_steps(e, 1)  # the workers see the abort: its quarantine counts from here
     e.clock.advance_ms(QUARANTINE_MS)
     wait_steps(e, 2)
     if which == PLUGIN:
@@ -536,3 +537,147 @@ def test_the_plugin_is_what_vllm_loaded() -> None:
     e = engine(PLUGIN)
     assert type(e.scheduler.connector) is KvdrainPushConnector
     assert type(e.scheduler.connector.connector_scheduler) is KvdrainPushScheduler
+
+
+# -- time of arrival: a slow step ------------------------------------------------------- #
+
+
+def slow_settings(**kw: int) -> Settings:
+    values = dict(deadline_ms=DEADLINE_MS, quarantine_ms=1_500, settle_ms=500, capacity=256)
+    values.update(kw)
+    return Settings(**values)
+
+
+def test_failure_notice_read_in_a_slow_step_settles_from_its_arrival() -> None:
+    """Steps at 0 and 10 ms, then a step that takes 590 ms before its writer thread reads
+    a ``PUSH_FAIL``: the notice arrived at 600, so the blocks are held until 1100 (settle
+    500), not released at 600 as a notice dated at the step before (10) would be."""
+    e = engine(PLUGIN, tp=1, p_tp=1, settings=slow_settings())
+    total = registered(e, "r", p_tp=1)  # t = 0
+    e.clock.advance_ms(10)
+    wait_steps(e, 1)  # t = 10
+    s = e.step({0: {"P0": [push_fail("r", 1)]}}, slow_ms=590)  # read at t = 600
+    assert s.error is None
+    assert e.status("r") == RequestStatus.FINISHED_ERROR
+    assert e.free_blocks() == total - BLOCKS
+    e.clock.advance_ms(499)  # t = 1099
+    wait_steps(e, 2)
+    assert e.free_blocks() == total - BLOCKS
+    e.clock.advance_ms(1)  # t = 1100
+    s = e.step()
+    assert s.finished_recving == {"r"} and s.failed_recving == {"r"}
+    assert e.free_blocks() == total
+    no_double_reports(e)
+
+
+def test_abort_seen_after_an_idle_gap_is_quarantined_from_then() -> None:
+    """Steps at 0 and 10 ms, then nothing until an abort at 600: the blocks stay fenced
+    for the whole quarantine from 600 (until 2100), not from the step before (1510)."""
+    e = engine(PLUGIN, tp=1, p_tp=1, settings=slow_settings())
+    total = registered(e, "r", p_tp=1)  # t = 0
+    e.clock.advance_ms(10)
+    wait_steps(e, 1)  # t = 10
+    e.clock.advance_ms(590)
+    e.abort("r")  # t = 600
+    wait_steps(e, 1)
+    e.clock.advance_ms(1_499)  # t = 2099
+    wait_steps(e, 2)
+    assert e.free_blocks() == total - BLOCKS
+    e.clock.advance_ms(1)  # t = 2100
+    wait_steps(e, 1)
+    assert e.free_blocks() == total
+    no_double_reports(e)
+
+
+# -- a rank that cannot track a receive ------------------------------------------------- #
+
+
+def test_receives_wait_while_every_slot_is_taken_on_some_rank() -> None:
+    """Capacity 1, D TP2, P TP2. Request ``a`` failed on rank 0 (settled, released there)
+    but still waits on rank 1. Request ``b`` must not start: rank 0 would register it and
+    send its PUSH_REG, P would write into both ranks' blocks, and a full rank 1 could not
+    track the write into its blocks. The scheduler holds ``b`` in the queue until every
+    rank has reported ``a``; then ``b`` is tracked on both ranks."""
+    settings = slow_settings(capacity=1, settle_ms=100)
+    e = engine(PLUGIN, tp=2, p_tp=2, settings=settings, extra={"kvdrain_capacity": 1})
+    total = registered(e, "a", p_tp=2)
+    e.step({0: {"P0": [push_fail("a", 2)]}})
+    e.clock.advance_ms(100)
+    wait_steps(e, 1)  # rank 0 released a; rank 1 still waits for P1's write
+    e.add(d_request("b", p_tp=2))
+    wait_steps(e, 2)
+    assert e.status("b") == RequestStatus.WAITING  # not admitted: no PUSH_REG went out
+    assert all(w.kvdrain_counters()["rejected_full"] == 0 for w in e.workers)
+    e.step({1: {"P1": [completion("a", 2)]}})
+    e.clock.advance_ms(100)
+    wait_steps(e, 2)
+    assert e.status("b") == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert e.free_blocks() == total - BLOCKS
+    s = e.step({0: {"P0": [completion("b", 2)]}})
+    assert s.finished_recving == set()
+    s = e.step({1: {"P1": [completion("b", 2)]}})
+    assert s.finished_recving == {"b"} and s.failed_recving == set()
+    no_double_reports(e)
+
+
+def test_a_rank_that_refuses_while_another_accepts_holds_its_blocks() -> None:
+    """D TP2 whose rank 1 holds fewer receives than the scheduler admits: rank 1 refuses
+    ``b`` while rank 0 registers it, and rank 0's PUSH_REG lets P write into rank 1's
+    blocks too. The request fails for the client at once (its blocks reported invalid,
+    once), but the blocks come back only after the quarantine, not while P1's write into
+    rank 1 may still land."""
+    e = engine(PLUGIN, tp=2, p_tp=2, settings=slow_settings(capacity=1))
+    e.workers[0].kvdrain_attach(slow_settings(capacity=2), clock=e.clock)
+    total = registered(e, "a", p_tp=2)
+    e.add(d_request("b", p_tp=2))
+    s = e.step()
+    assert s.error is None
+    held = request_blocks(e, "b")
+    assert held <= s.invalid_block_ids  # failed for the client now
+    assert e.status("b") == RequestStatus.FINISHED_ERROR
+    e.step({0: {"P0": [completion("b", 2)]}})
+    e.clock.advance_ms(1_499)
+    steps = wait_steps(e, 2)
+    assert all(not (held & st.invalid_block_ids) for st in steps)  # reported once
+    assert e.free_blocks() == total - 2 * BLOCKS  # b's blocks still held
+    e.clock.advance_ms(1)
+    steps = wait_steps(e, 1)
+    assert e.free_blocks() == total - BLOCKS
+    assert all(not (held & st.invalid_block_ids) for st in steps)
+    no_double_reports(e)
+
+
+# -- a failed request's blocks are reported invalid once ------------------------------- #
+
+
+def test_failed_blocks_are_reported_invalid_once() -> None:
+    e = engine(PLUGIN, tp=1, p_tp=1)
+    total = registered(e, "r", p_tp=1)
+    blocks = request_blocks(e, "r")
+    steps = [e.step({0: {"P0": [push_fail("r", 1)]}})]
+    e.clock.advance_ms(SETTLE_MS)
+    steps += wait_steps(e, 3)
+    assert e.free_blocks() == total
+    assert sum(1 for st in steps if blocks & st.invalid_block_ids) == 1
+    assert all(st.invalid_block_ids in (set(), blocks) for st in steps)
+
+
+def test_vllm_own_failure_on_one_of_two_ranks_holds_until_its_writes_resolve() -> None:
+    """D TP2, P TP2: vLLM fails the receive itself on rank 1 (its handshake failed), but
+    rank 0's PUSH_REG went out, so P writes into both ranks' blocks. Rank 1 does not
+    report the receive until P1's write into its blocks has landed (or the quarantine
+    ends); the request fails for the client once, and the scheduler frees the blocks
+    only then."""
+    e = engine(PLUGIN, tp=2, p_tp=2)
+    total = registered(e, "r", p_tp=2)
+    e.workers[1]._failed_recv_reqs.put("r")  # what vLLM's handshake callback does
+    s = e.step({0: {"P0": [completion("r", 2)]}})
+    assert s.error is None and s.finished_recving == set()
+    e.clock.advance_ms(QUARANTINE_MS - 1)
+    wait_steps(e, 2)
+    assert e.free_blocks() == total - BLOCKS  # P1's write into rank 1 may still land
+    s = e.step({1: {"P1": [completion("r", 2)]}})
+    assert s.error is None
+    assert s.finished_recving == {"r"} and s.failed_recving == {"r"}
+    assert e.free_blocks() == total
+    no_double_reports(e)

@@ -106,8 +106,8 @@ def test_self_caused_not_found_sends_nothing_and_holds_the_source_blocks(which: 
         assert r.finished_sending == {"p-r"}
         return
     assert r.finished_sending == set()
-    assert isinstance(p.w.kvdrain_settings, Settings)
-    p.clock.advance_ms(p.w.kvdrain_settings.quarantine_ms)
+    assert isinstance(p.w.kvdrain_prefill.settings, Settings)
+    p.clock.advance_ms(p.w.kvdrain_prefill.settings.quarantine_ms)
     assert p.results().finished_sending == {"p-r"}
     assert p.results().finished_sending == set()  # once
 
@@ -166,3 +166,37 @@ def test_consumer_side_of_a_plugin_producer(which: str) -> None:
         assert e.workers[0].consumer_notification_counts_by_req == {"r": 1}
         return
     assert e.status("r") == RequestStatus.FINISHED_ERROR
+
+
+def test_a_landed_write_without_telemetry_counts_as_landed() -> None:
+    """Where NIXL has no telemetry, ``get_xfer_telemetry`` raises. The write landed: the
+    step goes on, nothing is owed, and the source blocks are reported free once."""
+    p = ProducerRank(PLUGIN, p_tp=1, d_tp=1)
+    (h,) = p.push("p-r", "d-r")
+
+    def no_telemetry(handle: int) -> None:
+        raise RuntimeError("NIXL_ERR_NOT_SUPPORTED: telemetry is disabled")
+
+    p.nixl.get_xfer_telemetry = no_telemetry  # type: ignore[method-assign]
+    p.nixl.states[h] = "DONE"
+    assert p.results().finished_sending == {"p-r"}
+    assert p.results().finished_sending == set()
+    assert p.nixl.sent == [] and p.nixl.released == [h]
+
+
+@BOTH
+def test_a_deferred_push_drained_after_the_blocks_were_freed_does_not_post(which: str) -> None:
+    """F4: the request's source blocks were reported free (its write landed), then a
+    deferred push for it is drained (its handshake completed late): vLLM 0.33 posts a
+    second WRITE from blocks that may hold another request's KV now, with a success
+    notice. The plugin does not post: the request is retired."""
+    p = ProducerRank(which, p_tp=1, d_tp=1)
+    (h,) = p.push("p-r", "d-r")
+    p.nixl.states[h] = "DONE"
+    assert p.results().finished_sending == {"p-r"}
+    again = p.push("p-r", "d-r")  # the deferred push's _xfer_blocks_for_req
+    if which == CONTROL:
+        assert len(again) == 1
+        return
+    assert again == []
+    assert p.nixl.sent == []

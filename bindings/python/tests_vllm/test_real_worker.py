@@ -82,7 +82,7 @@ def test_real_worker_with_a_real_nixl_producer_agent(distributed: None, which: s
         assert w._push_writer_thread is not None and w._push_writer_thread.is_alive()
         if which == PLUGIN:
             assert isinstance(w, KvdrainPushWorker)
-            assert w.kvdrain_settings.settle_ms == 1234  # from kv_connector_extra_config
+            assert w.kvdrain_decode.settings.settle_ms == 1234  # from kv_connector_extra_config
         # What the handshake with the producer engine records.
         w.transfer_topo.register_remote_engine(
             P_ENGINE,

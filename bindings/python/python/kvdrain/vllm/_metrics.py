@@ -1,0 +1,185 @@
+"""The plugin's metrics in vLLM's own: its counters beside vLLM's NIXL ones in ``/metrics``.
+
+vLLM 0.33 collects a connector's numbers through three hooks: each worker's
+``get_kv_connector_stats()`` hands a ``KVConnectorStats`` (plain lists, serialisable) to
+the scheduler, which aggregates the ranks' and steps' and gives the data to the
+connector class's ``build_prom_metrics()`` object to observe. :class:`KvdrainStats`
+extends vLLM's ``NixlKVConnectorStats`` with the keys below and :class:`KvdrainPromMetrics`
+extends ``NixlPromMetrics`` with their Prometheus series, so every vLLM NIXL metric stays
+as it is.
+
+==========================================  =========  ====================================
+series (``_total`` for counters)            kind       what
+==========================================  =========  ====================================
+``vllm:kvdrain_decisions{kind}``            counter    receives decided, by kind:
+                                                       completed, failed, expired, aborted,
+                                                       refused
+``vllm:kvdrain_releases{how}``              counter    fenced blocks given back: ``settled``
+                                                       (after a failure's settling),
+                                                       ``resolved`` (every write resolved),
+                                                       ``forced`` (the quarantine ran out)
+``vllm:kvdrain_failed_edges{cause}``        counter    expected writes that failed, by
+                                                       cause: ``failure_notice``, ``gone``
+                                                       (a lost producer), ``fenced``
+``vllm:kvdrain_ignored_notices{reason}``    counter    notices that changed nothing: unknown,
+                                                       late, duplicate, unexpected_sender,
+                                                       malformed, not_bytes
+``vllm:kvdrain_push_fail_sent``             counter    ``PUSH_FAIL`` notices a producer sent
+``vllm:kvdrain_fenced_blocks``              gauge      blocks held while a write may land
+                                                       (failed, aborted, expired, refused)
+``vllm:kvdrain_oldest_receive_age_seconds`` gauge      age of the oldest receive still
+                                                       waiting for its writes: a wedged
+                                                       transfer shows here while ``/health``
+                                                       stays green
+==========================================  =========  ====================================
+
+A gauge is the largest of the ranks' latest samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
+    NixlKVConnectorStats,
+    NixlPromMetrics,
+)
+
+from kvdrain.vllm._decode import COUNT_KEYS, DecodeReport
+
+__all__ = ["COUNTERS", "GAUGES", "KvdrainPromMetrics", "KvdrainStats"]
+
+# Counter series -> (label, {label value: data key}); a data key is "kvdrain_" and the
+# DecodeReport.counts key.
+COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
+    series: (
+        label,
+        {key[len(prefix) :]: f"kvdrain_{key}" for key in COUNT_KEYS if key.startswith(prefix)},
+    )
+    for series, label, prefix in (
+        ("decisions", "kind", "decisions_"),
+        ("releases", "how", "releases_"),
+        ("failed_edges", "cause", "failed_edges_"),
+        ("ignored_notices", "reason", "ignored_"),
+    )
+}
+PUSH_FAIL_SENT = "kvdrain_push_fail_sent"
+GAUGES = {
+    "fenced_blocks": "kvdrain_fenced_blocks",
+    "oldest_receive_age_seconds": "kvdrain_oldest_receive_age_seconds",
+}
+_KEYS = (
+    [key for _, keys in COUNTERS.values() for key in keys.values()]
+    + [PUSH_FAIL_SENT]
+    + list(GAUGES.values())
+)
+
+
+@dataclass
+class KvdrainStats(NixlKVConnectorStats):
+    """vLLM's NIXL stats plus kvdrain's (the module's table)."""
+
+    def reset(self) -> None:
+        super().reset()
+        for key in _KEYS:
+            self.data[key] = []
+
+    def record_step(
+        self, report: DecodeReport, rank: int, fenced_blocks: int, oldest_age_s: float
+    ) -> None:
+        """One engine step's counts, and rank ``rank``'s gauges: sampled while either is
+        above zero, and once more when both fall back to zero (a quiet engine sends no
+        stats). A gauge sample is ``[rank, value]``."""
+        for key, n in report.counts.items():
+            self.data["kvdrain_" + key].append(n)
+        busy = bool(fenced_blocks or oldest_age_s)
+        if busy or getattr(self, "_kvdrain_busy", False):
+            self.data[GAUGES["fenced_blocks"]].append([rank, fenced_blocks])
+            self.data[GAUGES["oldest_receive_age_seconds"]].append([rank, oldest_age_s])
+        self._kvdrain_busy = busy
+
+    def record_push_fail_sent(self) -> None:
+        self.data[PUSH_FAIL_SENT].append(1)
+
+    def is_empty(self) -> bool:
+        return super().is_empty() and not any(self.data.get(key) for key in _KEYS)
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for key in _KEYS:
+            self.data.setdefault(key, [])
+            other.data.setdefault(key, [])
+        return super().aggregate(other)
+
+    def reduce(self) -> dict[str, int | float]:
+        out = super().reduce()
+        decisions = COUNTERS["decisions"][1]
+        for kind in ("failed", "expired", "refused"):
+            out[f"kvdrain {kind}"] = sum(self.data.get(decisions[kind], []))
+        out["kvdrain fenced blocks"] = latest(self.data.get(GAUGES["fenced_blocks"], []))
+        return out
+
+
+class KvdrainPromMetrics(NixlPromMetrics):
+    """vLLM's NIXL Prometheus metrics plus kvdrain's series (the module's table)."""
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        metric_types: dict[Any, Any],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._kvdrain_counters: dict[str, dict[int, Any]] = {}
+        for series, (label, keys) in COUNTERS.items():
+            metric = self._counter_cls(
+                name=f"vllm:kvdrain_{series}",
+                documentation=f"kvdrain: {series.replace('_', ' ')} by {label}.",
+                labelnames=[*labelnames, label],
+            )
+            for value, key in keys.items():
+                self._kvdrain_counters[key] = {
+                    idx: metric.labels(*labels, value)
+                    for idx, labels in per_engine_labelvalues.items()
+                }
+        sent = self._counter_cls(
+            name="vllm:kvdrain_push_fail_sent",
+            documentation="kvdrain: PUSH_FAIL notices this producer sent.",
+            labelnames=labelnames,
+        )
+        self._kvdrain_counters[PUSH_FAIL_SENT] = {
+            idx: sent.labels(*labels) for idx, labels in per_engine_labelvalues.items()
+        }
+        self._kvdrain_gauges: dict[str, dict[int, Any]] = {}
+        for series, key in GAUGES.items():
+            gauge = self._gauge_cls(
+                name=f"vllm:kvdrain_{series}",
+                documentation=f"kvdrain: {series.replace('_', ' ')} (largest rank).",
+                labelnames=labelnames,
+                multiprocess_mode="max",
+            )
+            self._kvdrain_gauges[key] = {
+                idx: gauge.labels(*labels) for idx, labels in per_engine_labelvalues.items()
+            }
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        super().observe(transfer_stats_data, engine_idx)
+        for key, per_engine in self._kvdrain_counters.items():
+            total = sum(transfer_stats_data.get(key, ()))
+            if total:
+                per_engine[engine_idx].inc(total)
+        for key, per_engine in self._kvdrain_gauges.items():
+            samples = transfer_stats_data.get(key)
+            if samples:
+                per_engine[engine_idx].set(latest(samples))
+
+
+def latest(samples: list[Any]) -> float:
+    """A gauge from ``[rank, value]`` samples in time order: each rank's latest, the
+    largest of those."""
+    last: dict[int, float] = {}
+    for rank, value in samples:
+        last[rank] = value
+    return max(last.values(), default=0)

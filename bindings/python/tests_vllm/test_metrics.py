@@ -1,0 +1,116 @@
+"""The plugin's metrics through vLLM 0.33's own mechanism: each worker's
+``get_kv_connector_stats()``, aggregated as the scheduler aggregates them, observed by the
+connector class's ``build_prom_metrics()`` object with prometheus_client's real classes,
+then read back as the text a ``/metrics`` scrape returns."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from harness import PLUGIN, DecodeEngine, ProducerRank, completion, d_request, push_fail
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from vllm.v1.request import RequestStatus
+
+from kvdrain.vllm._settings import Settings
+from kvdrain.vllm.connector import KvdrainPushConnector
+
+SETTLE_MS = 500
+LABELS = ["model_name", "engine"]
+
+
+def scrape(e: DecodeEngine) -> str:
+    """Every worker's stats since the last call, aggregated and observed; the text."""
+    stats = KvdrainPushConnector.build_kv_connector_stats()
+    for w in e.workers:
+        rank = w.get_kv_connector_stats()
+        if rank is not None:  # vLLM ships nothing for a quiet rank
+            # What crosses the process boundary is the data dict.
+            stats = stats.aggregate(KvdrainPushConnector.build_kv_connector_stats(data=rank.data))
+    registry = CollectorRegistry()
+
+    def bound(cls: Any) -> Any:
+        return lambda *a, **k: cls(*a, registry=registry, **k)
+
+    metric_types = {Gauge: bound(Gauge), Counter: bound(Counter), Histogram: bound(Histogram)}
+    prom = KvdrainPushConnector.build_prom_metrics(
+        e.scheduler.vllm_config, metric_types, LABELS, {0: ["m", "0"]}
+    )
+    prom.observe(stats.data, 0)
+    return generate_latest(registry).decode()
+
+
+def value(text: str, series: str, **labels: str) -> float:
+    want = dict(labels, model_name="m", engine="0")
+    for line in text.splitlines():
+        m = re.fullmatch(r"([^{ ]+)\{([^}]*)\} (\S+)", line)
+        if m is None or m.group(1) != series:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        if got == want:
+            return float(m.group(3))
+    raise AssertionError(f"{series}{labels} not in the scrape")
+
+
+def test_decisions_releases_ignored_notices_and_gauges_reach_the_scrape() -> None:
+    """D TP2, P TP2: ``ok`` completes; ``bad`` fails by a PUSH_FAIL from P0 on rank 0 and
+    settles; a garbage notice and an unknown id are ignored on rank 1. The scrape shows
+    vLLM's own NIXL series and kvdrain's, with the values this implies (counted per rank:
+    each rank decides and reports each receive)."""
+    e = DecodeEngine(PLUGIN, tp=2, p_tp=2, settings=Settings(30_000, 60_000, SETTLE_MS, 64))
+    e.add(d_request("ok", p_tp=2))
+    e.add(d_request("bad", p_tp=2))
+    assert e.step().error is None
+    e.clock.advance_ms(1_000)
+    s = e.step(
+        {
+            0: {"P0": [completion("ok", 2), push_fail("bad", 2)]},
+            1: {"P1": [completion("ok", 2), b"\xff\xfe", completion("nobody", 2)]},
+        }
+    )
+    assert s.error is None and s.finished_recving == {"ok"}
+    assert e.status("bad") == RequestStatus.FINISHED_ERROR
+    text = scrape(e)
+    assert "vllm:nixl_num_failed_transfers_total" in text  # vLLM's own series stay
+    assert value(text, "vllm:kvdrain_decisions_total", kind="completed") == 2
+    assert value(text, "vllm:kvdrain_decisions_total", kind="failed") == 1
+    assert value(text, "vllm:kvdrain_failed_edges_total", cause="failure_notice") == 1
+    assert value(text, "vllm:kvdrain_ignored_notices_total", reason="malformed") == 1
+    assert value(text, "vllm:kvdrain_ignored_notices_total", reason="unknown") == 1
+    # bad's 3 blocks are fenced on rank 0; rank 1 still waits 1 s for P1's write into it.
+    assert value(text, "vllm:kvdrain_fenced_blocks") == 3
+    assert value(text, "vllm:kvdrain_oldest_receive_age_seconds") == 1.0
+    e.clock.advance_ms(SETTLE_MS)
+    s = e.step()  # rank 0 releases bad (settled); rank 1 learns bad was failed: aborted
+    assert s.error is None and s.finished_recving == set()
+    text = scrape(e)
+    assert value(text, "vllm:kvdrain_releases_total", how="settled") == 1
+    assert value(text, "vllm:kvdrain_decisions_total", kind="aborted") == 1
+    assert value(text, "vllm:kvdrain_fenced_blocks") == 3  # rank 1's now
+    s = e.step({1: {"P1": [completion("bad", 2)]}})  # P1's write landed after all
+    assert s.finished_recving == {"bad"}
+    text = scrape(e)
+    assert value(text, "vllm:kvdrain_releases_total", how="resolved") == 1
+    assert value(text, "vllm:kvdrain_fenced_blocks") == 0
+    assert value(text, "vllm:kvdrain_oldest_receive_age_seconds") == 0
+    e.run(2)
+    assert all(w.get_kv_connector_stats() is None for w in e.workers)  # quiet: no stats
+
+
+def test_a_wedged_receive_shows_in_the_oldest_age_gauge() -> None:
+    """A receive whose producer never writes: nothing is decided for 20 s, and the gauge
+    says how long the oldest receive has waited (the health signal ``/health`` lacks)."""
+    e = DecodeEngine(PLUGIN, tp=1, p_tp=1, settings=Settings(30_000, 60_000, SETTLE_MS, 64))
+    e.add(d_request("stuck", p_tp=1))
+    assert e.step().error is None
+    e.clock.advance_ms(20_000)
+    assert e.step().error is None
+    assert value(scrape(e), "vllm:kvdrain_oldest_receive_age_seconds") == 20.0
+
+
+def test_failure_notices_a_producer_sent_are_counted() -> None:
+    p = ProducerRank(PLUGIN, p_tp=2, tp_rank=0, d_tp=1)
+    p.nixl.fail_posts = 1
+    p.push("p-r", "d-r")
+    stats = p.w.get_kv_connector_stats()
+    assert stats is not None and stats.data["kvdrain_push_fail_sent"] == [1]
