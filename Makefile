@@ -142,8 +142,9 @@ mypy-vllm: vllm
 	cd bindings/python && ../../.venv-vllm/bin/python -m mypy python/kvdrain tests_vllm_shared tests_vllm tests_vllm_e2e
 
 ## The connector plugin (kvdrain.vllm.connector) on vLLM 0.33.0's real scheduler and push
-## worker classes, every scenario through the plugin and through vLLM's own connector;
-## mypy over the vLLM suites first.
+## worker classes, every scenario through the plugin and through vLLM's own connector
+## (directed cases, the randomized check with its oracle, the metrics' scrape, the version
+## gate); mypy over the vLLM suites first.
 test-vllm: vllm mypy-vllm
 	cd bindings/python/tests_vllm && ../../../.venv-vllm/bin/python -m pytest -q
 
