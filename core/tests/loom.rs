@@ -23,8 +23,9 @@
 //! * **failure notices settle** (rule 8) — models with `settle_ms > 0` check that an
 //!   unforced `Released` comes no earlier than `settle_ms` after the clock the failure
 //!   notice could have been stamped with (the engine raises a flag after each `advance`,
-//!   which the ingest thread reads before its notice), that a fence deciding after a
-//!   failure notice still sees its stamp, and that a quarantine end is never delayed.
+//!   which the ingest thread reads before its notice), or its arrival when the ingest
+//!   half was given a later one (`set_arrival`), that a fence deciding after a failure
+//!   notice still sees its stamp, and that a quarantine end is never delayed.
 //! * **a `gone` settles too** (rule 9) — the gone models report an agent gone at a clock
 //!   past 0 while the sibling's notice, the deadline or an abort races it, and the judge
 //!   checks every unforced release against the `gone`'s time plus `settle_ms`.
@@ -758,7 +759,11 @@ fn sibling_completion_then_failure_notice_settling_named() {
 /// (`Acquire`) before its notice: a notice that saw `advance(t)` finished must not have
 /// its blocks released unforced before `t + SETTLE`, and a forced release comes only at
 /// the quarantine end.
-fn failure_notice_vs_settle_advance(aborted: bool) -> String {
+///
+/// `arrival`: the ingest thread says its notice arrived then (`Ingest::set_arrival`),
+/// ahead of the engine's first advance: an unforced release must also wait until the
+/// arrival plus `SETTLE`, whichever clock the notice read.
+fn failure_notice_vs_settle_advance(aborted: bool, arrival: Option<u64>) -> String {
     let writes = Writes::new();
     let w = writes.clone();
     let advanced = Arc::new(loom::sync::atomic::AtomicU32::new(0));
@@ -775,6 +780,9 @@ fn failure_notice_vs_settle_advance(aborted: bool) -> String {
         }
         let producer = thread::spawn(move || {
             let after = seen.load(Ordering::Acquire);
+            if let Some(arrival) = arrival {
+                ingest.set_arrival(Instant::from_millis(arrival));
+            }
             let r = notify(&mut ingest, 1, b"PUSH_FAIL:r1:2");
             (u64::from(after), r, *ingest.counters())
         });
@@ -807,6 +815,11 @@ fn failure_notice_vs_settle_advance(aborted: bool) -> String {
             assert!(
                 released_at >= after + SETTLE,
                 "released at {released_at}, before the notice after {after} settled"
+            );
+            let arrived = arrival.unwrap_or(0);
+            assert!(
+                released_at >= arrived + SETTLE,
+                "released at {released_at}, before the notice that arrived at {arrived} settled"
             );
         }
         match notice {
@@ -1319,7 +1332,17 @@ fn failure_notice_vs_settle_advance_counting_phase() {
     check(
         "failure_notice_vs_settle_advance_counting_phase",
         FAILURE_NOTICE_VS_SETTLE_ADVANCE,
-        || failure_notice_vs_settle_advance(false),
+        || failure_notice_vs_settle_advance(false, None),
+    );
+}
+
+/// As above, the notice dated at its arrival (`ARRIVAL`, between the two advances).
+#[test]
+fn failure_notice_with_arrival_vs_settle_advance() {
+    check(
+        "failure_notice_with_arrival_vs_settle_advance",
+        FAILURE_NOTICE_WITH_ARRIVAL_VS_SETTLE_ADVANCE,
+        || failure_notice_vs_settle_advance(false, Some(ARRIVAL)),
     );
 }
 
@@ -1328,7 +1351,7 @@ fn failure_notice_vs_settle_advance_and_quarantine_end() {
     check(
         "failure_notice_vs_settle_advance_and_quarantine_end",
         FAILURE_NOTICE_VS_SETTLE_ADVANCE_ABORTED,
-        || failure_notice_vs_settle_advance(true),
+        || failure_notice_vs_settle_advance(true, None),
     );
 }
 
@@ -1348,6 +1371,22 @@ const FAILURE_NOTICE_VS_SETTLE_ADVANCE: &[&str] = &[
     "| r1:failed r1:released :: Decided after 0 released at 50",
     "| r1:failed r1:released :: Decided after 10 released at 1000",
     "| r1:failed r1:released :: Decided after 10 released at 50",
+    "| r1:failed r1:released :: Decided after 50 released at 1000",
+];
+
+/// When the failure notice of the arrival model arrived: after the engine's first advance
+/// (10), before its second (50), with `ARRIVAL + SETTLE` past the second.
+const ARRIVAL: u64 = 40;
+
+/// Dated 40 (or 50, if it read the clock after `advance(50)`): settles by 60 or 70, so it
+/// is never released at 50 (the model without an arrival is, when the notice read 0 or
+/// 10), only at the final drain's advance.
+const FAILURE_NOTICE_WITH_ARRIVAL_VS_SETTLE_ADVANCE: &[&str] = &[
+    "r1:failed | r1:released :: Decided after 0 released at 1000",
+    "r1:failed | r1:released :: Decided after 10 released at 1000",
+    "r1:failed | r1:released :: Decided after 50 released at 1000",
+    "| r1:failed r1:released :: Decided after 0 released at 1000",
+    "| r1:failed r1:released :: Decided after 10 released at 1000",
     "| r1:failed r1:released :: Decided after 50 released at 1000",
 ];
 
