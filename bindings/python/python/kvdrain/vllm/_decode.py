@@ -142,6 +142,7 @@ class DecodeSide:
         # Waiting requests by registration, oldest first: request -> registered at (ms).
         self._waiting_since: dict[str, int] = {}
         self._fenced_blocks = 0  # blocks of the requests not waiting
+        self._now = 0  # the engine thread's clock at its last catch-up or step (ms)
         # Refused receives held for the quarantine: request -> (release time ms, blocks).
         self._held_until: dict[str, tuple[int, list[list[int]]]] = {}
         # The blocks reported invalid at a request's failure or refusal, until its release.
@@ -164,7 +165,7 @@ class DecodeSide:
     def gauges(self) -> tuple[int, float]:
         """``(blocks fenced now, age in s of the oldest receive still waiting)``."""
         oldest = next(iter(self._waiting_since.values()), None)
-        age = 0.0 if oldest is None else (self.now_ms() - oldest) / 1000
+        age = 0.0 if oldest is None else (self._now - oldest) / 1000
         return self._fenced_blocks, age
 
     # -- writer thread ---------------------------------------------------------------- #
@@ -194,7 +195,8 @@ class DecodeSide:
         """Brings the ledger's clock to now (before a registration or an abort, so they
         are dated now, not at the last step); what that fires goes in the report."""
         report = DecodeReport()
-        for d in self.ledger.advance(self.now_ms()):
+        self._now = self.now_ms()
+        for d in self.ledger.advance(self._now):
             self._apply(d, report)
         return report
 
@@ -221,7 +223,7 @@ class DecodeSide:
             )
             report.count("decisions_refused")
             self._track(rid, "held", groups)
-            self._held_until[rid] = (self.now_ms() + self.settings.quarantine_ms, groups)
+            self._held_until[rid] = (self._now + self.settings.quarantine_ms, groups)
             self._report_invalid(rid, groups, report)
             return "held"
         self._track(rid, "waiting", groups)
@@ -275,7 +277,7 @@ class DecodeSide:
             self._apply(d, report)
         # After the poll: a notice the writer thread counted before the loss stands.
         lost = self._take_lost(report)
-        now = self.now_ms()
+        now = self._now = self.now_ms()
         for d in self.ledger.advance(now):
             self._apply(d, report)
         for rid, (until, groups) in list(self._held_until.items()):
@@ -357,7 +359,7 @@ class DecodeSide:
         self._phase[rid] = phase
         n = self._blocks[rid] = sum(len(g) for g in groups)
         if phase == "waiting":
-            self._waiting_since[rid] = self.now_ms()
+            self._waiting_since[rid] = self._now
         else:
             self._fenced_blocks += n
 

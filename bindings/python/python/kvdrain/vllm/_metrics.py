@@ -86,14 +86,15 @@ class KvdrainStats(NixlKVConnectorStats):
         for key in _KEYS:
             self.data[key] = []
 
-    def record_step(
-        self, report: DecodeReport, rank: int, fenced_blocks: int, oldest_age_s: float
-    ) -> None:
-        """One engine step's counts, and rank ``rank``'s gauges: sampled while either is
-        above zero, and once more when both fall back to zero (a quiet engine sends no
-        stats). A gauge sample is ``[rank, value]``."""
+    def record_counts(self, report: DecodeReport) -> None:
+        """What a decode report counted."""
         for key, n in report.counts.items():
             self.data["kvdrain_" + key].append(n)
+
+    def record_gauges(self, rank: int, fenced_blocks: int, oldest_age_s: float) -> None:
+        """Rank ``rank``'s gauges, once a step: sampled while either is above zero, and
+        once more when both fall back to zero (a quiet engine sends no stats). A sample
+        is ``[rank, value]``."""
         busy = bool(fenced_blocks or oldest_age_s)
         if busy or getattr(self, "_kvdrain_busy", False):
             self.data[GAUGES["fenced_blocks"]].append([rank, fenced_blocks])

@@ -158,6 +158,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
 
     def get_transfer_results(self) -> KVConnectorTransferResults:
         self._kvdrain_tell(self.kvdrain_decode.step())
+        self.xfer_stats.record_gauges(self.tp_rank, *self.kvdrain_decode.gauges())
         late, self._kvdrain_late = self._kvdrain_late, set()
         results = super().get_transfer_results()
         for rid in results.failed_recving - late:
@@ -198,7 +199,8 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             self.xfer_stats.record_kv_expired_req()
         for _ in range(report.after_expiry):
             self.xfer_stats.record_notification_after_expiry()
-        self.xfer_stats.record_step(report, self.tp_rank, *self.kvdrain_decode.gauges())
+        if report.counts:
+            self.xfer_stats.record_counts(report)
 
     def _kvdrain_expect(
         self, meta: Any, agents_of: dict[str, dict[tuple[int, int], Any]]
