@@ -79,7 +79,13 @@ fn consumer() -> (ConsumerDriver<64, 8>, MemoryFabric, MemoryTransport) {
         lease: LEASE,
         ledger,
     });
-    d.add_producer_engine(ProducerEngine {
+    d.add_producer_engine(producer_engine()).expect("directory");
+    (d, fabric, dt)
+}
+
+/// P (TP 2, agents `p0` and `p1`), as the directory learns it from the handshake.
+fn producer_engine() -> ProducerEngine {
+    ProducerEngine {
         engine_id: P_ENGINE.into(),
         host: "127.0.0.1".into(),
         port: 2,
@@ -87,9 +93,7 @@ fn consumer() -> (ConsumerDriver<64, 8>, MemoryFabric, MemoryTransport) {
         pp_size: 1,
         mla: false,
         agents: vec!["p0".into(), "p1".into()],
-    })
-    .expect("directory");
-    (d, fabric, dt)
+    }
 }
 
 fn request(id: &str, deadline_ms: Option<u64>) -> PushRequest<'_> {
@@ -247,15 +251,7 @@ fn a_failure_notice_settles_from_the_round_that_drained_it() {
         ledger,
     });
     settling
-        .add_producer_engine(ProducerEngine {
-            engine_id: P_ENGINE.into(),
-            host: "127.0.0.1".into(),
-            port: 2,
-            tp_size: 2,
-            pp_size: 1,
-            mla: false,
-            agents: vec!["p0".into(), "p1".into()],
-        })
+        .add_producer_engine(producer_engine())
         .expect("directory");
     settling
         .engine()
