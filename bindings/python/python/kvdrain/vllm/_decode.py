@@ -204,7 +204,9 @@ class DecodeSide:
         self, rid: str, groups: list[list[int]], expect: int | list[str], report: DecodeReport
     ) -> Registered:
         """Tracks a receive before its ``PUSH_REG`` goes out (see the module's
-        *Refusals*); a held refusal puts its blocks in ``report.invalid``."""
+        *Refusals*); a held refusal puts its blocks in ``report.invalid``. Dated at the
+        last :meth:`catch_up` (the worker catches up at the start of every
+        ``start_load_kv``)."""
         try:
             self.ledger.register(rid, tuple(groups), expect)
         except DuplicateRequestError:
