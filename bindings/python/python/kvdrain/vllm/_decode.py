@@ -48,7 +48,7 @@ from kvdrain._errors import (
 from kvdrain._kvdrain import Decision, Ledger
 from kvdrain.vllm._settings import Settings
 
-__all__ = ["COUNT_KEYS", "DecodeReport", "DecodeSide", "Phase", "producer_ranks"]
+__all__ = ["COUNT_KEYS", "DecodeReport", "DecodeSide", "Phase", "Registered", "producer_ranks"]
 
 logger = logging.getLogger("vllm.kvdrain")
 

@@ -53,7 +53,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
 
 from kvdrain._kvdrain import PushPlan
 from kvdrain.vllm import _gate
-from kvdrain.vllm._decode import DecodeReport, DecodeSide, block_groups, producer_ranks
+from kvdrain.vllm._decode import (
+    DecodeReport,
+    DecodeSide,
+    Registered,
+    block_groups,
+    producer_ranks,
+)
 from kvdrain.vllm._metrics import KvdrainPromMetrics, KvdrainStats
 from kvdrain.vllm._nixl_tap import NixlTap, agent_name
 from kvdrain.vllm._prefill import PrefillSide
@@ -131,7 +137,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
     def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
         decode = self.kvdrain_decode
         report = decode.catch_up()
-        failed_now: set[str] = set()
+        refused: dict[str, Registered] = {}  # "refused" (nothing written) or "held"
         if not (self.pcp_rank > 0 and not self.pcp_dcp_sharded):
             # Registered before vLLM queues the PUSH_REG: no notice can precede its request.
             agents: dict[str, dict[tuple[int, int], Any]] = {}  # per producer engine
@@ -141,18 +147,18 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
                     expect = self._kvdrain_expect(meta, agents)
                     done = decode.register(rid, groups, expect, report)
                     if done in ("refused", "held"):
-                        failed_now.add(rid)
-        if failed_now and metadata.push_registrations:
+                        refused[rid] = done
+        if refused and metadata.push_registrations:
             # A refused receive sends no PUSH_REG: this rank asks nobody to write into it.
             metadata = copy.copy(metadata)  # vLLM's own object stays as it built it
             metadata.push_registrations = {
-                k: v for k, v in metadata.push_registrations.items() if k not in failed_now
+                k: v for k, v in metadata.push_registrations.items() if k not in refused
             }
         for rid in getattr(metadata, "recv_finished_early", ()):
             decode.abort(rid, report)
         super().start_load_kv(metadata)
-        for rid in failed_now:
-            if decode.phase(rid) is None:
+        for rid, done in refused.items():
+            if done == "refused":
                 self._failed_recv_reqs.put(rid)  # nothing written: vLLM fails it now
         self._kvdrain_tell(report)
 
