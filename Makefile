@@ -38,7 +38,7 @@ clippy:
 
 ## The core's code behind a cfg a plain build never compiles: the loom models
 ## (`--cfg kvdrain_loom`), in their own target dir. (The fuzz harnesses are the
-## `kvdrain-model` crate, which `clippy` covers.)
+## `kvdrain-fuzz-harness` crate, which `clippy` covers.)
 clippy-cfg:
 	RUSTFLAGS="--cfg kvdrain_loom" CARGO_TARGET_DIR=$(LOOM_TARGET) \
 		$(CARGO) clippy --release -p kvdrain --tests -- -D warnings
@@ -88,20 +88,20 @@ loom:
 		$(CARGO) test --release -p kvdrain --test loom
 
 ## The core's unit tests under miri, and the C ABI's unsafe code driven through its
-## extern "C" functions (a 64-request table under miri: bindings/c/src/config.rs).
+## extern "C" functions (a 64-request table under miri: crates/kvdrain-ffi/src/config.rs).
 miri:
 	$(CARGO) +$(NIGHTLY) miri test -p kvdrain --lib
-	$(CARGO) +$(NIGHTLY) miri test -p kvdrain-ffi --lib
+	$(CARGO) +$(NIGHTLY) miri test -p kvdrain-ffi --lib --test from_rust
 
 ## Build every fuzz target and run each for FUZZ_SECONDS.
 fuzz-smoke:
 	bash scripts/fuzz-smoke.sh $(FUZZ_SECONDS)
 
-## The C ABI (bindings/c): regenerate the committed header after changing the crate.
+## The C ABI (crates/kvdrain-ffi): regenerate the committed header after changing the crate.
 c-header: setup-tools
 	bash scripts/c-header.sh
 
-## Fails when bindings/c/include/kvdrain.h is not what cbindgen generates now.
+## Fails when crates/kvdrain-ffi/include/kvdrain.h is not what cbindgen generates now.
 c-header-check: setup-tools
 	bash scripts/c-header.sh --verify
 
@@ -121,32 +121,34 @@ replay:
 ## maturin, pytest, mypy and hypothesis from PyPI, if missing), plus the release
 ## `kvdrain` binary its replay-agreement test calls.
 VENV := .venv
+# The Python package (its tests: tests/unit, tests/vllm, tests/vllm_e2e).
+PY := crates/kvdrain-python
 python:
 	bash scripts/setup-python.sh
 
 ## pytest (warnings as errors) against the installed wheel, then mypy --strict on the
 ## stubs, the package, the examples and the tests.
 python-test: python
-	cd bindings/python && ../../$(VENV)/bin/python -m pytest -q tests
-	cd bindings/python && ../../$(VENV)/bin/mypy
+	cd $(PY) && ../../$(VENV)/bin/python -m pytest -q tests/unit
+	cd $(PY) && ../../$(VENV)/bin/mypy
 
 ## The vLLM test environment: .venv-vllm/ with vllm==0.33.0 and nixl from PyPI (about
 ## 10 GB, skipped once installed) and the wheel `make python` built.
 vllm: python
 	bash scripts/setup-vllm.sh
 
-## mypy --strict, in .venv-vllm, over the plugin and the vLLM suites (tests_vllm/,
-## tests_vllm_e2e/ and their shared set-up, tests_vllm_shared/); vLLM's, torch's and
-## NIXL's own sources are not followed (bindings/python/pyproject.toml).
+## mypy --strict, in .venv-vllm, over the plugin and the vLLM suites (tests/vllm/,
+## tests/vllm_e2e/ and what they share, tests/conftest.py and tests/vllm_cpu.py); vLLM's,
+## torch's and NIXL's own sources are not followed ($(PY)/pyproject.toml).
 mypy-vllm: vllm
-	cd bindings/python && ../../.venv-vllm/bin/python -m mypy python/kvdrain tests_vllm_shared tests_vllm tests_vllm_e2e
+	cd $(PY) && ../../.venv-vllm/bin/python -m mypy python/kvdrain tests/conftest.py tests/vllm_cpu.py tests/vllm tests/vllm_e2e
 
 ## The connector plugin (kvdrain.vllm.connector) on vLLM 0.33.0's real scheduler and push
 ## worker classes, every scenario through the plugin and through vLLM's own connector
 ## (directed cases, the randomized check with its oracle, the metrics' scrape, the version
 ## gate); mypy over the vLLM suites first.
 test-vllm: vllm mypy-vllm
-	cd bindings/python/tests_vllm && ../../../.venv-vllm/bin/python -m pytest -q
+	cd $(PY) && ../../.venv-vllm/bin/python -m pytest -q tests/vllm
 
 ## End to end over real NIXL: a P and a D engine, each in its own process with vLLM 0.33.0's
 ## connector classes (the plugin's, and vLLM's own as the negative control), vLLM's
@@ -155,10 +157,10 @@ test-vllm: vllm mypy-vllm
 ## Then completion, reuse and a post failure again over UCX's own on-host transports
 ## (shared memory and CMA), in target/vllm-e2e/report-shm.jsonl.
 test-vllm-e2e: vllm
-	cd bindings/python/tests_vllm_e2e && ../../../.venv-vllm/bin/python -m pytest -q
-	cd bindings/python/tests_vllm_e2e && KVDRAIN_E2E_TRANSPORT=shm \
-		KVDRAIN_E2E_REPORT=../../../target/vllm-e2e/report-shm.jsonl \
-		../../../.venv-vllm/bin/python -m pytest -q -k "completion or reuse or post_failure"
+	cd $(PY) && ../../.venv-vllm/bin/python -m pytest -q tests/vllm_e2e
+	cd $(PY) && KVDRAIN_E2E_TRANSPORT=shm \
+		KVDRAIN_E2E_REPORT=../../target/vllm-e2e/report-shm.jsonl \
+		../../.venv-vllm/bin/python -m pytest -q tests/vllm_e2e -k "completion or reuse or post_failure"
 
 ## The plugin's cost per engine step and per notification next to vLLM 0.33's own path.
 bench-vllm: vllm

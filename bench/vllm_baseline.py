@@ -44,7 +44,7 @@ expected count per request is ``1 * max(1, E // 1) = E``.  Optional
 upstream (single-threaded here, so no contention is modelled); it is off by
 default and reported as impl ``vllm-python+queue``.
 
-Message generation rule (shared with `kvdrain bench`, cli/src/bench/stream.rs;
+Message generation rule (shared with `kvdrain bench`, tools/kvdrain-cli/src/bench/stream.rs;
 must stay byte-identical)
 ---------------------------------------------------------------------------
 * R requests, ids ``req-{i:08x}-cmpl`` for i in 0..R (ASCII, 17 bytes).

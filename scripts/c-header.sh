@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# `make c-header` (regenerate bindings/c/include/kvdrain.h) and, with --verify,
+# `make c-header` (regenerate crates/kvdrain-ffi/include/kvdrain.h) and, with --verify,
 # `make c-header-check` (fail when the committed header is not what cbindgen makes now).
-# bindings/c/cbindgen.toml names the version macros as @VERSION@, @MAJOR@, @MINOR@,
+# crates/kvdrain-ffi/cbindgen.toml names the version macros as @VERSION@, @MAJOR@, @MINOR@,
 # @PATCH@: they are filled in here from the crate's version, so the header's
 # KVDRAIN_VERSION and kvdrain_version() (env!("CARGO_PKG_VERSION")) are one number.
 set -euo pipefail
-cd "$(dirname "$0")/../bindings/c"
+cd "$(dirname "$0")/../crates/kvdrain-ffi"
 verify=()
 [ "${1:-}" = "--verify" ] && verify=(--verify)
 version="$(cargo metadata --format-version 1 --no-deps --locked |

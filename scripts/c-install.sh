@@ -16,11 +16,11 @@ major="${version%%.*}"
 target="${CARGO_TARGET_DIR:-target}/release"
 
 install -d "$prefix/include" "$prefix/lib/pkgconfig"
-install -m 644 bindings/c/include/kvdrain.h "$prefix/include/kvdrain.h"
+install -m 644 crates/kvdrain-ffi/include/kvdrain.h "$prefix/include/kvdrain.h"
 install -m 644 "$target/libkvdrain_ffi.a" "$prefix/lib/libkvdrain.a"
 install -m 755 "$target/libkvdrain_ffi.so" "$prefix/lib/libkvdrain.so.$version"
 ln -sf "libkvdrain.so.$version" "$prefix/lib/libkvdrain.so.$major"
 ln -sf "libkvdrain.so.$major" "$prefix/lib/libkvdrain.so"
-sed -e "s|@PREFIX@|$prefix|" -e "s|@VERSION@|$version|" bindings/c/kvdrain.pc.in \
+sed -e "s|@PREFIX@|$prefix|" -e "s|@VERSION@|$version|" crates/kvdrain-ffi/kvdrain.pc.in \
     > "$prefix/lib/pkgconfig/kvdrain.pc"
 echo "[c-install] kvdrain $version installed under $prefix"

@@ -19,7 +19,7 @@ version="$(cargo metadata --format-version 1 --no-deps --locked |
 
 log "maturin build --release --sdist (version $version)"
 rm -rf "$dist"
-"$venv/bin/maturin" build --quiet --release --sdist --manifest-path bindings/python/Cargo.toml \
+"$venv/bin/maturin" build --quiet --release --sdist --manifest-path crates/kvdrain-python/Cargo.toml \
     --interpreter "$venv/bin/python" --out "$dist"
 wheel="$(ls "$dist"/kvdrain-"$version"-*.whl)"
 sdist="$dist/kvdrain-$version.tar.gz"
@@ -37,8 +37,8 @@ grep -q "kvdrain-$version.dist-info/licenses/LICENSE" <<<"$contents" || {
 }
 
 listing="$(tar -tzf "$sdist")"
-for f in PKG-INFO pyproject.toml LICENSE Cargo.lock bindings/python/Cargo.toml bindings/python/src/lib.rs \
-    core/Cargo.toml core/src/lib.rs; do
+for f in PKG-INFO pyproject.toml LICENSE Cargo.lock crates/kvdrain-python/Cargo.toml crates/kvdrain-python/src/lib.rs \
+    crates/kvdrain/Cargo.toml crates/kvdrain/src/lib.rs; do
     grep -q "^kvdrain-$version/\(.*/\)\?$f$" <<<"$listing" || {
         log "FAIL: $(basename "$sdist") lacks $f"
         exit 1

@@ -6,7 +6,7 @@
 # Idempotent: every step is skipped when already done. Works from any cwd.
 # System packages are installed only when missing, and need root (or sudo).
 #   * test-only: Python's `msgpack` (what vLLM encodes PUSH_REG with), into `<repo>/.nixl/py`,
-#     for the byte-for-byte registration test (nixl-glue/tests/registration_python.rs).
+#     for the byte-for-byte registration test (crates/kvdrain-nixl/tests/registration_python.rs).
 # Env: PYTHON (default python3), NIXL_WHEEL_VERSION (default 1.5.1), KVDRAIN_NIXL_DIR (default <repo>/.nixl).
 set -euo pipefail
 

@@ -2,7 +2,7 @@
 # Build the Python wheel of kvdrain and install it into the project-local virtualenv,
 # idempotently:
 #   1. .venv/ at the repository root (python3 -m venv), if missing;
-#   2. bindings/python/requirements-dev.txt from PyPI (maturin, pytest, mypy, hypothesis),
+#   2. crates/kvdrain-python/requirements-dev.txt from PyPI (maturin, pytest, mypy, hypothesis),
 #      skipped while the file is unchanged since the last install;
 #   3. the abi3 wheel (maturin build --release) into target/wheels-python/, installed
 #      into .venv over any earlier build;
@@ -16,7 +16,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 venv="$root/.venv"
 wheels="$root/target/wheels-python"
-reqs="$root/bindings/python/requirements-dev.txt"
+reqs="$root/crates/kvdrain-python/requirements-dev.txt"
 
 if [[ ! -x "$venv/bin/python" ]]; then
     log "creating $venv"
@@ -31,7 +31,7 @@ fi
 
 log "building the wheel"
 rm -rf "$wheels"
-"$venv/bin/maturin" build --quiet --release --manifest-path bindings/python/Cargo.toml \
+"$venv/bin/maturin" build --quiet --release --manifest-path crates/kvdrain-python/Cargo.toml \
     --interpreter "$venv/bin/python" --out "$wheels"
 wheel="$(ls "$wheels"/kvdrain-*.whl)"
 log "installing $(basename "$wheel")"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The vLLM test environment, idempotently:
 #   1. .venv-vllm/ at the repository root (python3 -m venv), if missing;
-#   2. bindings/python/requirements-vllm.txt (vllm==0.33.0, nixl, pytest) from PyPI,
+#   2. crates/kvdrain-python/requirements-vllm.txt (vllm==0.33.0, nixl, pytest) from PyPI,
 #      skipped while the file is unchanged since the last install (stamp file);
 #   3. the kvdrain wheel that `make python` builds (target/wheels-python/), installed
 #      over any earlier copy.
@@ -13,7 +13,7 @@ log() { printf '[setup-vllm] %s\n' "$*"; }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 venv="$root/.venv-vllm"
-reqs="$root/bindings/python/requirements-vllm.txt"
+reqs="$root/crates/kvdrain-python/requirements-vllm.txt"
 
 if [[ ! -x "$venv/bin/python" ]]; then
     log "creating $venv"

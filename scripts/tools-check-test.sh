@@ -11,9 +11,9 @@ log() { printf '[tools-check-test] %s\n' "$*"; }
 
 fresh_copy() {
     rm -rf "$work/repo"
-    mkdir -p "$work/repo/bindings/python"
+    mkdir -p "$work/repo/crates/kvdrain-python"
     cp -a "$root/Makefile" "$root/.ci" "$root/scripts" "$work/repo/"
-    cp -a "$root"/bindings/python/requirements-*.txt "$work/repo/bindings/python/"
+    cp -a "$root"/crates/kvdrain-python/requirements-*.txt "$work/repo/crates/kvdrain-python/"
 }
 
 # delete_line FILE FIXED-STRING: removes the lines holding it; fails if there are none, so a
@@ -75,7 +75,7 @@ delete_line scripts/setup-tools.sh 'missing_apt+=(pkg-config)'
 expect_failure "the pkg-config apt step deleted" 'command `pkg-config`'
 
 fresh_copy
-delete_line bindings/python/requirements-dev.txt 'maturin'
+delete_line crates/kvdrain-python/requirements-dev.txt 'maturin'
 expect_failure "maturin dropped from the venv's requirements" 'command `maturin`'
 
 fresh_copy

@@ -23,8 +23,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "bindings", "python", "tests_vllm"))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "bindings", "python", "tests_vllm_shared"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "crates", "kvdrain-python", "tests", "vllm"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "crates", "kvdrain-python", "tests"))
 
 import harness  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (  # noqa: E402

@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| kvdrain_model::producer_plan(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kvdrain_fuzz_harness::producer_plan(data));

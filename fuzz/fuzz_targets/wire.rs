@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| kvdrain_model::wire(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kvdrain_fuzz_harness::wire(data));

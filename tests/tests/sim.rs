@@ -6,7 +6,7 @@
 //! `cargo test --release -p kvdrain-tests --test sim -- --include-ignored`
 //! (tests/README.md has the figures of a long run).
 
-use kvdrain_cli::sim::{Broken, Report, Shape, SimConfig, run};
+use kvdrain_sim::{Broken, Report, Shape, SimConfig, run};
 
 fn simulate(seed: u64, requests: u64, shape: Shape) -> Report {
     run(SimConfig::new(seed, requests, shape)).expect("a valid topology")

@@ -683,7 +683,7 @@ fn two_threads_agree_with_a_single_threaded_replay() {
         quarantine: QUARANTINE,
         // Released with the decision, so the single-threaded replay can compare every
         // decision's place; the settling race (a failure notice's stamp against the
-        // engine's clock) is model-checked in `core/tests/loom.rs`.
+        // engine's clock) is model-checked in `crates/kvdrain/tests/loom.rs`.
         settle: Duration::ZERO,
         seed: 11,
     };

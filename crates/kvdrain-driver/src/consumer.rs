@@ -1,0 +1,987 @@
+//! The consumer (D) driver of one decode rank: the agent directory, registration from a
+//! topology, the heartbeat schedule, unreached and lost producers, and decisions out.
+//!
+//! ```text
+//!  register ──▶ core register ──▶ PUSH_REG to every producer agent ──▶ WAITING
+//!     (unreached agents reported: F6)                                   │ HB: every lease/6
+//!   notices (drained, sender → AgentId) ─▶ core ─▶ Decode | Failed | Expired | Release
+//!   send fails with PeerGone / transport reports a peer gone ─▶ core gone (settles)
+//!   heartbeats stop at the request's decision or abort (F9)
+//! ```
+//!
+//! * **Directory**: producer agent names get [`AgentId`]s when their engine is added, never
+//!   from traffic; a sender nobody introduced is [`AgentId::STRANGER`] and matches no
+//!   edge.
+//! * **Registration**: the edges of this rank come from the producer engine's topology
+//!   ([`Topology::producers_of`]); named edges when every producer is named and they fit
+//!   `E`, vLLM's count (`pp × max(1, P_tp / D_tp)`) otherwise or when the caller asks for it
+//!   ([`EdgeMode::Count`]). The request is tracked in the core **before** `PUSH_REG` goes
+//!   out, so no completion can beat its state.
+//! * **Heartbeats** carry P's request ids (`remote_request_id`), grouped per producer
+//!   engine, every `lease / 6`, from registration until the decision (F9).
+//! * **Lost producers** (rule 9 of the replay contract): an agent the transport reports
+//!   gone, or whose send failed with [`SendError::PeerGone`], is reported to the core with
+//!   [`gone`](kvdrain::Engine::gone) at the next poll, with that poll's clock (a failed
+//!   send is known only when it returns, after its round's clock), and with no other
+//!   wait: its outstanding edges fail then, as if it had sent a failure notice for each,
+//!   and their blocks settle for `Config::settle`, because the bytes it had already handed to
+//!   its transport keep landing (measured over UCX TCP: up to 173 ms after a reset). A
+//!   gone says nothing about requests registered later: their `PUSH_REG` does not reach
+//!   the agent (reported unreached, F6) and their edge waits for the deadline.
+//!   [`fence`](ConsumerEngine::fence), which releases without settling,
+//!   is only for a transport that can prove nothing more of the producer's can land.
+//!
+//! The driver hands out two halves and keeps only what needs both: [`ConsumerIngest`]
+//! (notifications in) and [`ConsumerEngine`] (everything else). On one thread, drive it
+//! with [`ConsumerDriver::poll`] (transport and monotonic time in), then take
+//! [`ConsumerEngine::poll_event`] from [`ConsumerDriver::engine`] until `None`;
+//! [`ConsumerEngine::next_timer`] says when the next poll has work if no notification
+//! comes first. On two, [`ConsumerDriver::split`]: the ingest thread drains and ingests,
+//! the engine thread calls [`ConsumerEngine::poll`] when the ingest half decided a request
+//! or at the next wakeup, whichever comes first.
+//!
+//! * **Failure notices are dated at their drain**: [`ConsumerDriver::poll`] gives the
+//!   core the round's `now` as the batch's arrival before ingesting it, and an ingest
+//!   thread gives each batch its time with [`ConsumerIngest::set_arrival`], so a
+//!   `PUSH_FAIL:` settles for `Config::settle` from when it was drained, not from the
+//!   engine half's previous round.
+//!
+//! A transport whose drain fails leaves the rest of the round done: the poll reports the
+//! [`DrainError`] after lost producers were reported, the clock advanced (deadlines,
+//! quarantines and settle ends decided) and heartbeats sent.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use kvdrain::producer::{Topology, TopologyError};
+use kvdrain::{
+    AbortError, AgentId, BlockHandle, Config, Decision, Duration, Engine, Expect, Ignored, Ingest,
+    Instant, Ledger, Noticed, Outstanding, Pending, Quarantined, RegisterErrorKind, Registration,
+    RequestKey,
+};
+
+use crate::PerRequest;
+use crate::directory::{AgentDirectory, DirectoryFull};
+use crate::registration::PushRegistration;
+use crate::transport::{DrainError, GonePeer, Notification, Peer, SendError, Transport};
+
+/// This D rank.
+#[derive(Clone, Debug)]
+pub struct ConsumerConfig {
+    /// D's engine id.
+    pub engine_id: String,
+    /// D's side-channel host (sent in registrations).
+    pub host: String,
+    /// D's side-channel port.
+    pub port: u16,
+    /// This rank.
+    pub tp_rank: u16,
+    /// D's TP size.
+    pub tp_size: u16,
+    /// The producers' lease: heartbeats go out every `lease / 6` (vLLM).
+    pub lease: Duration,
+    /// The core's settings (capacity, default deadline, quarantine).
+    pub ledger: Config,
+}
+
+impl ConsumerConfig {
+    /// How often heartbeats go out: `lease / 6` (vLLM), at least 1 ms.
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis((self.lease.millis() / 6).max(1))
+    }
+}
+
+/// A producer engine as D knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProducerEngine {
+    /// P's engine id.
+    pub engine_id: String,
+    /// P's side-channel host.
+    pub host: String,
+    /// P's side-channel port.
+    pub port: u16,
+    /// P's TP size.
+    pub tp_size: u16,
+    /// P's PP size.
+    pub pp_size: u16,
+    /// MLA (the latent is replicated to every consumer rank).
+    pub mla: bool,
+    /// Agent names, index `pp_stage * tp_size + tp_rank`.
+    pub agents: Vec<String>,
+}
+
+/// What the driver remembers of a registered request; carried by every event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PushedRequest {
+    /// The core's key.
+    pub key: RequestKey,
+    /// D's request id.
+    pub id: String,
+    /// The producer engine.
+    pub producer_engine: String,
+    /// P's request id (named in heartbeats).
+    pub remote_request_id: String,
+    /// The producer agents this rank waits for, in edge order.
+    pub producers: PerRequest<String>,
+    /// When it was registered (the driver's clock).
+    pub registered_at: Instant,
+}
+
+impl PushedRequest {
+    /// The producers still owing a write in `outstanding` (named-edge mode; none when
+    /// counting).
+    pub fn owing(&self, outstanding: Outstanding) -> impl Iterator<Item = &str> + '_ {
+        let bits = match outstanding {
+            Outstanding::Edges(bits) => bits,
+            Outstanding::Count(_) => 0,
+        };
+        self.producers
+            .iter()
+            .enumerate()
+            .filter(move |&(i, _)| i < 64 && bits & (1 << i) != 0)
+            .map(|(_, p)| p.as_str())
+    }
+}
+
+/// A decision for the engine.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ConsumerEvent {
+    /// `completed`: every write landed; the blocks now belong to the running request.
+    Decode {
+        /// The request.
+        request: PushedRequest,
+        /// Its blocks.
+        blocks: BlockHandle,
+    },
+    /// `failed`: apply the KV load failure policy now; `Release` follows.
+    Failed {
+        /// The request.
+        request: PushedRequest,
+    },
+    /// `expired`: the deadline passed with `outstanding` writes owed; the blocks come back
+    /// later through `Release`.
+    Expired {
+        /// The request.
+        request: PushedRequest,
+        /// What was still owed.
+        outstanding: Outstanding,
+    },
+    /// The blocks of a request that did not complete are safe to reuse. `forced`: the
+    /// quarantine ran out with writes outstanding.
+    Release {
+        /// The request.
+        request: PushedRequest,
+        /// Its blocks.
+        blocks: BlockHandle,
+        /// Released by the quarantine.
+        forced: bool,
+    },
+}
+
+/// A request the engine wants pushed into this rank.
+#[derive(Debug)]
+pub struct PushRequest<'a> {
+    /// D's request id.
+    pub id: &'a str,
+    /// The producer engine (added with [`ConsumerDriver::add_producer_engine`]).
+    pub producer_engine: &'a str,
+    /// P's request id (for heartbeats).
+    pub remote_request_id: &'a str,
+    /// Router pairing key, if any.
+    pub transfer_id: Option<&'a str>,
+    /// The engine's handle on the destination blocks.
+    pub blocks: BlockHandle,
+    /// D's logical block ids per KV-cache group (uncached suffix), as sent in `PUSH_REG`.
+    pub block_ids: Vec<Vec<u64>>,
+    /// How long from its registration it may wait; `None` uses the ledger's default
+    /// ([`Config::deadline`](kvdrain::Config::deadline)).
+    pub deadline: Option<Duration>,
+}
+
+/// How a registration's edges are counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EdgeMode {
+    /// Named edges when every producer of the rank is named and they fit `E`; vLLM's
+    /// count otherwise (the default: [`ConsumerEngine::register`]).
+    #[default]
+    Named,
+    /// vLLM's count (`pp × max(1, P_tp / D_tp)`) even when every producer is named: for
+    /// a deployment that wants vLLM's semantics exactly, and for the simulator, which
+    /// exercises both modes.
+    Count,
+}
+
+/// A registration that is being tracked.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Registered {
+    /// The core's key.
+    pub key: RequestKey,
+    /// Producer agents the `PUSH_REG` could not be sent to (F6). Their edges stay
+    /// outstanding until the deadline: the engine may abort.
+    pub unreached: Vec<String>,
+}
+
+/// What one [`ConsumerDriver::poll`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PollReport {
+    /// Notifications drained.
+    pub notifications: usize,
+    /// Decisions queued.
+    pub decisions: usize,
+}
+
+/// Failure of a consumer operation.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumerError {
+    /// [`PushRequest::producer_engine`] was never added.
+    #[error("unknown producer engine {0:?}")]
+    UnknownEngine(String),
+    /// The producer/consumer shapes do not fit.
+    #[error("producer engine {engine:?} cannot write consumer rank {rank}: {source}")]
+    Topology {
+        /// Producer engine.
+        engine: String,
+        /// This rank.
+        rank: u16,
+        /// Why.
+        #[source]
+        source: TopologyError,
+    },
+    /// Too many producer agents.
+    #[error(transparent)]
+    Directory(#[from] DirectoryFull),
+    /// The core refused the registration; the blocks come back unchanged.
+    #[error("registration of {id:?} refused: {kind:?}")]
+    Rejected {
+        /// D's request id.
+        id: String,
+        /// Why.
+        kind: RegisterErrorKind,
+        /// The engine's blocks, handed back.
+        blocks: BlockHandle,
+    },
+}
+
+/// Counters of a consumer rank (the core keeps its own).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConsumerCounters {
+    /// Notifications drained.
+    pub notifications: u64,
+    /// Notifications from agents never introduced.
+    pub from_strangers: u64,
+    /// `PUSH_REG` sent.
+    pub registrations_sent: u64,
+    /// `PUSH_REG` sends that failed (F6).
+    pub registrations_failed: u64,
+    /// `HB:` sent.
+    pub heartbeats_sent: u64,
+    /// `HB:` sends that failed.
+    pub heartbeats_failed: u64,
+    /// Producers found disconnected (a failed send, the transport's report), each
+    /// reported gone to the core.
+    pub disconnects: u64,
+    /// Producers reported gone to the core (disconnects and
+    /// [`ConsumerEngine::gone`]).
+    pub gones: u64,
+    /// Named edges those reports resolved (they settle).
+    pub gone_edges: u64,
+    /// Producers fenced ([`ConsumerEngine::fence`]: nothing more can land).
+    pub fences: u64,
+    /// Named edges those fences resolved.
+    pub fenced_edges: u64,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    request: PushedRequest,
+    /// Until the decision (F9).
+    heartbeat: bool,
+    /// Until decided or aborted.
+    ticket: Option<Pending>,
+}
+
+/// What the engine half keeps between calls.
+#[derive(Debug)]
+struct EngineState {
+    config: ConsumerConfig,
+    /// Shared with each registration that sends to the engine's agents (no copy of the
+    /// names per request).
+    engines: HashMap<String, Arc<ProducerEngine>>,
+    inflight: HashMap<RequestKey, InFlight>,
+    by_id: HashMap<String, RequestKey>,
+    /// Producers found gone (or fenced): nothing is sent to them until their engine is
+    /// added again.
+    disconnected: HashSet<String>,
+    /// Producers whose send failed with `PeerGone` since the last poll, reported gone to
+    /// the core at the start of the next one: a send returns only once it has failed,
+    /// later than the clock of the round that made it, and the core settles a gone from
+    /// its clock, so the report takes the next round's clock, which comes after it.
+    send_failed: Vec<String>,
+    last_heartbeat: Instant,
+    now: Instant,
+    counters: ConsumerCounters,
+    events: VecDeque<ConsumerEvent>,
+}
+
+/// What the ingest half counts.
+#[derive(Debug, Default)]
+struct IngestState {
+    notifications: u64,
+    from_strangers: u64,
+}
+
+/// The consumer driver of one D rank. `N`: requests tracked at once (a power of two); `E`:
+/// named producers per request.
+///
+/// It owns the state and hands out its two halves; it does not repeat their methods. The
+/// [`ConsumerIngest`] half feeds notifications into the core, lock-free; the
+/// [`ConsumerEngine`] half does everything else (registration, aborts, lost producers,
+/// clock, heartbeats, decisions, when to wake next). On two threads,
+/// [`split`](Self::split) it after adding the producer engines: the ingest half goes to the
+/// thread that drains notifications (the core's `Ledger::split`). On one thread, take the
+/// engine half with [`engine`](Self::engine) where it is needed, and let
+/// [`poll`](Self::poll) drain, ingest and run the engine's round in one call. What the
+/// driver keeps for itself needs the whole of it: adding producer engines (before a
+/// split), that one-thread round, and the counters of both halves.
+#[derive(Debug)]
+pub struct ConsumerDriver<const N: usize, const E: usize = 8> {
+    ledger: Box<Ledger<N, E>>,
+    directory: AgentDirectory,
+    ingest: IngestState,
+    state: EngineState,
+    inbox: Vec<Notification>,
+}
+
+/// The ingest half of a split [`ConsumerDriver`]: `Send`, one per driver.
+#[derive(Debug)]
+pub struct ConsumerIngest<'a, const N: usize, const E: usize> {
+    ingest: Ingest<'a, N, E>,
+    directory: &'a AgentDirectory,
+    state: &'a mut IngestState,
+}
+
+/// The engine half of a [`ConsumerDriver`] ([`split`](ConsumerDriver::split) for an
+/// engine thread, [`engine`](ConsumerDriver::engine) on one thread): registration, aborts,
+/// lost and fenced producers, clock, heartbeats, decisions, and when to wake next.
+#[derive(Debug)]
+pub struct ConsumerEngine<'a, const N: usize, const E: usize> {
+    engine: Engine<'a, N, E>,
+    directory: &'a AgentDirectory,
+    state: &'a mut EngineState,
+}
+
+impl<const N: usize, const E: usize> ConsumerIngest<'_, N, E> {
+    /// One notification from `sender`, into the core. [`Noticed::Decided`]: a decision
+    /// waits for the engine half's [`take_ready`](ConsumerEngine::take_ready).
+    ///
+    /// # Errors
+    /// The core's [`Ignored`] report for input that changed nothing.
+    pub fn ingest<'m>(&mut self, sender: &str, bytes: &'m [u8]) -> Result<Noticed, Ignored<'m>> {
+        self.state.notifications += 1;
+        let id = self.directory.id_or_stranger(sender);
+        if id == AgentId::STRANGER {
+            self.state.from_strangers += 1;
+        }
+        self.ingest.handle_notification(id, bytes)
+    }
+
+    /// The notifications ingested from now on arrived at `now` (on the clock the engine
+    /// half is given): call it once per drained batch, with the time of the drain, so that
+    /// a failure notice settles from its arrival rather than from the engine half's last
+    /// round (the core's [`Ingest::set_arrival`]: an earlier time than one given before is
+    /// ignored). The driver reads no clock: the time comes in, as everywhere else.
+    pub fn set_arrival(&mut self, now: Instant) {
+        self.ingest.set_arrival(now);
+    }
+}
+
+impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
+    /// A driver for one D rank; the ledger is built on the heap.
+    pub fn new(config: ConsumerConfig) -> Self {
+        ConsumerDriver {
+            ledger: Box::new(Ledger::new(config.ledger)),
+            directory: AgentDirectory::default(),
+            ingest: IngestState::default(),
+            state: EngineState {
+                config,
+                engines: HashMap::new(),
+                inflight: HashMap::with_capacity(N),
+                by_id: HashMap::with_capacity(N),
+                disconnected: HashSet::new(),
+                send_failed: Vec::new(),
+                last_heartbeat: Instant::ZERO,
+                now: Instant::ZERO,
+                counters: ConsumerCounters::default(),
+                events: VecDeque::with_capacity(N),
+            },
+            inbox: Vec::new(),
+        }
+    }
+
+    /// The two halves, for an ingest thread and an engine thread. Both borrow the driver:
+    /// run them under `std::thread::scope`. Add producer engines before splitting.
+    pub fn split(&mut self) -> (ConsumerIngest<'_, N, E>, ConsumerEngine<'_, N, E>) {
+        let (ingest, engine) = self.ledger.split();
+        (
+            ConsumerIngest {
+                ingest,
+                directory: &self.directory,
+                state: &mut self.ingest,
+            },
+            ConsumerEngine {
+                engine,
+                directory: &self.directory,
+                state: &mut self.state,
+            },
+        )
+    }
+
+    /// The engine half alone, for a caller on one thread: registration, aborts, lost
+    /// producers, clock, decisions and when to wake next are its methods, and this driver
+    /// does not repeat them. Build it where it is needed (it borrows the driver for as
+    /// long as it lives, and building it costs nothing).
+    pub fn engine(&mut self) -> ConsumerEngine<'_, N, E> {
+        self.split().1
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ConsumerConfig {
+        &self.state.config
+    }
+
+    /// Names the agents of a producer engine (loaded by the transport) and remembers the
+    /// engine; a re-added agent is no longer treated as disconnected.
+    ///
+    /// # Errors
+    /// [`DirectoryFull`] if the names do not fit.
+    pub fn add_producer_engine(
+        &mut self,
+        engine: ProducerEngine,
+    ) -> Result<&ProducerEngine, ConsumerError> {
+        for name in &engine.agents {
+            self.directory.intern(name)?;
+            self.state.disconnected.remove(name);
+        }
+        let id = engine.engine_id.clone();
+        Ok(self
+            .state
+            .engines
+            .entry(id)
+            .insert_entry(Arc::new(engine))
+            .into_mut())
+    }
+
+    /// The directory of producer agents.
+    pub fn directory(&self) -> &AgentDirectory {
+        &self.directory
+    }
+
+    /// One round at monotonic time `now` on one thread: notifications (deciding at
+    /// once), then [`ConsumerEngine::poll`].
+    ///
+    /// # Errors
+    /// [`DrainError`] if draining notifications failed (the rest of the round still ran).
+    pub fn poll<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        now: Instant,
+    ) -> Result<PollReport, DrainError> {
+        // Ignored input is counted by the core.
+        self.poll_observed(transport, now, |_, _, _| {})
+    }
+
+    /// [`poll`](Self::poll), showing `observe` each drained notification with its sender
+    /// and what the core made of it, in the order they were ingested (for a harness
+    /// that checks every input, or a log).
+    ///
+    /// # Errors
+    /// As [`poll`](Self::poll).
+    pub fn poll_observed<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        now: Instant,
+        mut observe: impl for<'m> FnMut(&str, &'m [u8], Result<Noticed, Ignored<'m>>),
+    ) -> Result<PollReport, DrainError> {
+        let mut inbox = std::mem::take(&mut self.inbox);
+        inbox.clear();
+        // A failed drain is reported after the round, which runs in full: what was drained
+        // before the failure is ingested, and lost producers, the clock (deadlines,
+        // quarantines, settle ends) and heartbeats do not wait for the transport to recover.
+        let drained = transport.drain_notifications(&mut inbox);
+        let (mut ingest, mut engine) = self.split();
+        let before = engine.pending_events();
+        // Drained at `now`, before the engine's round advances to it: dated there.
+        ingest.set_arrival(now);
+        for (sender, bytes) in &inbox {
+            let noticed = ingest.ingest(sender, bytes);
+            // Decided on this thread: queued at once, in the order the notices came.
+            if let Ok(Noticed::Decided) = noticed {
+                engine.take_ready();
+            }
+            observe(sender, bytes, noticed);
+        }
+        engine.poll(transport, now);
+        let report = PollReport {
+            notifications: inbox.len(),
+            decisions: engine.pending_events() - before,
+        };
+        inbox.clear();
+        self.inbox = inbox;
+        drained.map(|()| report)
+    }
+
+    /// The core's counters.
+    pub fn core_counters(&self) -> kvdrain::Counters {
+        self.ledger.counters()
+    }
+
+    /// The driver's counters (both halves).
+    pub fn counters(&self) -> ConsumerCounters {
+        ConsumerCounters {
+            notifications: self.ingest.notifications,
+            from_strangers: self.ingest.from_strangers,
+            ..self.state.counters
+        }
+    }
+}
+
+impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
+    /// Tracks `request` in the core, then sends `PUSH_REG` to every agent of its producer
+    /// engine.
+    ///
+    /// # Errors
+    /// [`ConsumerError`]; on [`ConsumerError::Rejected`] the blocks come back and nothing
+    /// was sent.
+    pub fn register<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        request: PushRequest<'_>,
+        now: Instant,
+    ) -> Result<Registered, ConsumerError> {
+        self.register_with(transport, request, EdgeMode::Named, now)
+    }
+
+    /// [`register`](Self::register), counting the edges as `mode` says.
+    ///
+    /// # Errors
+    /// As [`register`](Self::register).
+    pub fn register_with<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        request: PushRequest<'_>,
+        mode: EdgeMode,
+        now: Instant,
+    ) -> Result<Registered, ConsumerError> {
+        let _span = tracing::debug_span!("register", req = request.id).entered();
+        let st = &mut *self.state;
+        st.now = st.now.max(now);
+        let Some(engine) = st.engines.get(request.producer_engine) else {
+            return Err(ConsumerError::UnknownEngine(
+                request.producer_engine.to_owned(),
+            ));
+        };
+        let topology = Topology {
+            p_tp: engine.tp_size,
+            p_pp: engine.pp_size,
+            d_tp: st.config.tp_size,
+            mla: engine.mla,
+        };
+        let topology_error = |source| ConsumerError::Topology {
+            engine: engine.engine_id.clone(),
+            rank: st.config.tp_rank,
+            source,
+        };
+        topology.validate().map_err(topology_error)?;
+        let producers: PerRequest<String> = topology
+            .producers_of(st.config.tp_rank)
+            .filter_map(|(stage, tp)| {
+                let i = usize::from(stage) * usize::from(engine.tp_size) + usize::from(tp);
+                engine.agents.get(i).cloned()
+            })
+            .collect();
+        if producers.is_empty() {
+            return Err(topology_error(TopologyError::RankOutOfRange));
+        }
+        let ids: PerRequest<AgentId> = producers
+            .iter()
+            .map(|p| self.directory.id_or_stranger(p))
+            .collect();
+        let expected = topology.expected_per_consumer_rank();
+        // Named edges when every producer is named and they fit; vLLM's counting otherwise.
+        let expect = if mode == EdgeMode::Named
+            && ids.len() <= E
+            && ids.len() as u32 == expected
+            && !ids.contains(&AgentId::STRANGER)
+        {
+            Expect::Edges(&ids)
+        } else {
+            Expect::Count(u8::try_from(expected).unwrap_or(u8::MAX))
+        };
+        let ticket = self
+            .engine
+            .register(Registration {
+                id: request.id,
+                blocks: request.blocks,
+                expect,
+                deadline: request.deadline,
+            })
+            .map_err(|e| ConsumerError::Rejected {
+                id: request.id.to_owned(),
+                kind: e.kind,
+                blocks: e.registration.blocks,
+            })?;
+        let key = ticket.key();
+        let registration = PushRegistration {
+            request_id: request.id.to_owned(),
+            decode_engine_id: st.config.engine_id.clone(),
+            decode_host: st.config.host.clone(),
+            decode_port: st.config.port,
+            decode_tp_size: st.config.tp_size,
+            local_block_ids: request.block_ids,
+            remote_engine_id: engine.engine_id.clone(),
+            remote_host: engine.host.clone(),
+            remote_port: engine.port,
+            remote_tp_size: engine.tp_size,
+            remote_pp_size: engine.pp_size,
+            transfer_id: request.transfer_id.map(str::to_owned),
+        }
+        .to_notification();
+        let engine = Arc::clone(engine);
+        st.by_id.insert(request.id.to_owned(), key);
+        st.inflight.insert(
+            key,
+            InFlight {
+                request: PushedRequest {
+                    key,
+                    id: request.id.to_owned(),
+                    producer_engine: request.producer_engine.to_owned(),
+                    remote_request_id: request.remote_request_id.to_owned(),
+                    producers,
+                    registered_at: st.now,
+                },
+                heartbeat: true,
+                ticket: Some(ticket),
+            },
+        );
+        let mut unreached = Vec::new();
+        for agent in &engine.agents {
+            if self.send(transport, agent, &registration) {
+                self.state.counters.registrations_sent += 1;
+            } else {
+                tracing::warn!(
+                    req = request.id,
+                    agent,
+                    cause = "registration_unsent",
+                    "PUSH_REG could not be sent"
+                );
+                self.state.counters.registrations_failed += 1;
+                unreached.push(agent.clone());
+            }
+        }
+        tracing::debug!(unreached = unreached.len(), "registered, PUSH_REG sent");
+        Ok(Registered { key, unreached })
+    }
+
+    /// The engine gives up on request `id`: over for the client now, heartbeats stop, its
+    /// blocks come back through [`ConsumerEvent::Release`] once no write can land.
+    ///
+    /// # Errors
+    /// [`AbortError`] if the request is unknown or already decided.
+    pub fn abort(&mut self, id: &str) -> Result<Quarantined, AbortError> {
+        let st = &mut *self.state;
+        let key = st.by_id.get(id).copied();
+        let ticket = key
+            .and_then(|k| st.inflight.get_mut(&k))
+            .and_then(|f| f.ticket.take());
+        let result = match ticket {
+            Some(t) => self.engine.abort(t),
+            None => self.engine.abort_id(id),
+        };
+        if let Some(f) = key.and_then(|k| st.inflight.get_mut(&k)) {
+            f.heartbeat = false;
+        }
+        result
+    }
+
+    /// Producer agent `name` went away (the control plane saw it die, its connection
+    /// reset, or its metadata invalidated), but nothing proves that the bytes it had
+    /// already handed to its transport cannot still land: report it to the core with
+    /// [`gone`](kvdrain::Engine::gone) now. Its outstanding named edges fail at once, as
+    /// by a failure notice, and their blocks settle for `Config::settle` (a counting-mode
+    /// request still waits for its count or its deadline). Nothing more is sent to it
+    /// until its engine is added again. Returns the edges resolved. The driver calls this
+    /// itself for a failed send or a peer the transport reports gone.
+    pub fn gone(&mut self, name: &str) -> u32 {
+        self.state.disconnected.insert(name.to_owned());
+        let Some(id) = self.directory.get(name) else {
+            return 0;
+        };
+        tracing::warn!(agent = name, cause = "gone", "producer gone");
+        self.state.counters.gones += 1;
+        // The core's clock to the driver's first: the edges settle from the moment the
+        // peer was seen gone, not from the last advance before it.
+        self.advance(self.state.now);
+        let resolved = self.engine.gone(id);
+        self.state.counters.gone_edges += u64::from(resolved);
+        self.take_queued();
+        resolved
+    }
+
+    /// The transport proves that producer agent `name` can no longer write here: nothing
+    /// of it is in flight and none of it can still land. Fences it in the core now: its
+    /// outstanding named edges fail and release without settling. A peer merely seen
+    /// gone (a failed send, a reset connection, a dead process, invalidated metadata)
+    /// proves nothing of the kind: report it with [`gone`](Self::gone).
+    /// Returns the edges resolved.
+    pub fn fence(&mut self, name: &str) -> u32 {
+        self.state.disconnected.insert(name.to_owned());
+        let Some(id) = self.directory.get(name) else {
+            return 0;
+        };
+        tracing::warn!(agent = name, cause = "fence", "producer fenced");
+        self.state.counters.fences += 1;
+        let resolved = self.engine.fence(id);
+        self.state.counters.fenced_edges += u64::from(resolved);
+        self.take_queued();
+        resolved
+    }
+
+    /// Takes the decisions the last core `gone`, `fence` or `advance` queued, in order (those of
+    /// requests the ingest half drained stay for [`take_ready`](Self::take_ready)).
+    fn take_queued(&mut self) {
+        for d in self.engine.drain_queued() {
+            self.state.queue(d);
+        }
+    }
+
+    /// Takes the decisions the ingest half made ready; returns how many ready requests
+    /// were taken (each gives one or two events, one after the other).
+    pub fn take_ready(&mut self) -> usize {
+        let mut taken = 0;
+        let mut last = None;
+        while let Some(d) = self.engine.poll_decision() {
+            let key = d.key();
+            if last != Some(key) {
+                taken += 1;
+                last = Some(key);
+            }
+            self.state.queue(d);
+        }
+        taken
+    }
+
+    /// One engine round at monotonic time `now`: peers whose send failed since the last
+    /// round and peers the transport reports gone reported to the core (at this round's
+    /// clock), ready decisions taken, the clock advanced, heartbeats sent when due. It does
+    /// not drain the transport: notifications come in through the ingest half (or
+    /// [`ConsumerDriver::poll`], which drains, ingests, then calls this). Call it again at
+    /// [`next_timer`](Self::next_timer) or when the ingest half decided a request.
+    /// Returns the ready requests taken.
+    pub fn poll<T: Transport>(&mut self, transport: &mut T, now: Instant) -> usize {
+        self.state.now = self.state.now.max(now);
+        for name in std::mem::take(&mut self.state.send_failed) {
+            self.gone(&name);
+        }
+        while let Some(gone) = transport.peer_gone() {
+            if let GonePeer::Agent(name) = gone {
+                tracing::warn!(agent = %name, cause = "peer_gone", "producer disconnected");
+                self.state.counters.disconnects += 1;
+                self.gone(&name);
+            }
+        }
+        let taken = self.take_ready();
+        self.advance(self.state.now);
+        let interval = self.state.config.heartbeat_interval();
+        if self
+            .state
+            .now
+            .saturating_duration_since(self.state.last_heartbeat)
+            >= interval
+        {
+            self.state.last_heartbeat = self.state.now;
+            self.heartbeat(transport);
+        }
+        taken
+    }
+
+    /// Advances the core's clock to `now` (deadlines, quarantines).
+    pub fn advance(&mut self, now: Instant) {
+        self.state.now = self.state.now.max(now);
+        let now = self.state.now;
+        // The driver's clock only moves forward: `advance` cannot refuse it.
+        let _ = self.engine.advance(now);
+        self.take_queued();
+    }
+
+    /// The next decision for the engine.
+    pub fn poll_event(&mut self) -> Option<ConsumerEvent> {
+        self.state.events.pop_front()
+    }
+
+    /// Decisions queued and not yet taken with [`poll_event`](Self::poll_event).
+    pub fn pending_events(&self) -> usize {
+        self.state.events.len()
+    }
+
+    /// Requests registered and not yet released (quarantined ones included).
+    pub fn in_flight(&self) -> usize {
+        self.state.inflight.len()
+    }
+
+    /// Whether the core's table is full: a registration now would be refused
+    /// ([`RegisterErrorKind::Full`]).
+    pub fn is_full(&self) -> bool {
+        !self.engine.has_room()
+    }
+
+    /// The earliest monotonic time at which [`poll`](Self::poll) has work that no new
+    /// input brings: a producer whose send failed is to be reported gone (now), a heartbeat
+    /// round is due (while any request is tracked), or a core deadline, quarantine or
+    /// settling ends ([`Engine::next_timer`]; a lost producer's edges settle in the core).
+    /// `None` when only new input (a notification, a registration, an abort, a producer
+    /// seen gone) can change anything. An engine thread may sleep until then or until
+    /// the ingest half decides a request, whichever comes first; a loop on one thread,
+    /// until then or the next notification.
+    pub fn next_timer(&self) -> Option<Instant> {
+        let st = &*self.state;
+        let gone = (!st.send_failed.is_empty()).then_some(st.now);
+        let heartbeat =
+            (!st.inflight.is_empty()).then(|| st.last_heartbeat + st.config.heartbeat_interval());
+        [gone, heartbeat, self.engine.next_timer()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// `HB:` with P's request ids still waiting, per producer engine, to each of its agents.
+    fn heartbeat<T: Transport>(&mut self, transport: &mut T) {
+        let st = &*self.state;
+        // Engines in name order: the sends go out in the same order on every run.
+        let mut per_engine: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for f in st.inflight.values().filter(|f| f.heartbeat) {
+            let id = f.request.remote_request_id.as_str();
+            if !id.is_empty() && !id.contains(',') {
+                per_engine
+                    .entry(f.request.producer_engine.as_str())
+                    .or_default()
+                    .push(id);
+            }
+        }
+        let mut sends = Vec::new();
+        for (engine, mut ids) in per_engine {
+            let Some(engine) = st.engines.get(engine) else {
+                continue;
+            };
+            // The same bytes for the same requests, whatever the table's order.
+            ids.sort_unstable();
+            let len = 3 + ids.iter().map(|i| i.len() + 1).sum::<usize>();
+            let mut buf = vec![0; len];
+            let Ok(n) = kvdrain::wire::encode_heartbeat(ids.iter().copied(), &mut buf) else {
+                continue;
+            };
+            buf.truncate(n);
+            for agent in &engine.agents {
+                sends.push((agent.clone(), buf.clone()));
+            }
+        }
+        for (agent, msg) in sends {
+            if self.send(transport, &agent, &msg) {
+                self.state.counters.heartbeats_sent += 1;
+            } else {
+                self.state.counters.heartbeats_failed += 1;
+            }
+        }
+    }
+
+    /// Sends one notification; `false` if it could not be queued. A peer whose send
+    /// fails with [`SendError::PeerGone`] is sent nothing more and is reported gone to
+    /// the core at the start of the next poll.
+    fn send<T: Transport>(&mut self, transport: &mut T, agent: &str, msg: &[u8]) -> bool {
+        if self.state.disconnected.contains(agent) {
+            return false;
+        }
+        match transport.send_notification(Peer::Agent(agent), msg) {
+            Ok(()) => true,
+            Err(SendError::PeerGone) => {
+                tracing::warn!(agent, cause = "peer_gone", "producer disconnected");
+                self.state.counters.disconnects += 1;
+                self.state.disconnected.insert(agent.to_owned());
+                self.state.send_failed.push(agent.to_owned());
+                false
+            }
+            Err(SendError::Unreachable | SendError::Stale) => false,
+        }
+    }
+}
+
+impl EngineState {
+    fn queue(&mut self, d: Decision) {
+        let key = d.key();
+        let event = match d {
+            Decision::Completed(t) => ConsumerEvent::Decode {
+                request: self.forget(key),
+                blocks: t.into_decode(),
+            },
+            Decision::Failed(_) => {
+                let request = self.stop_heartbeat(key);
+                tracing::warn!(req = %request.id, cause = "transfer", "failed");
+                ConsumerEvent::Failed { request }
+            }
+            Decision::Expired(q) => {
+                let request = self.stop_heartbeat(key);
+                tracing::warn!(req = %request.id, cause = "deadline", outstanding = ?q.outstanding(), "expired");
+                ConsumerEvent::Expired {
+                    request,
+                    outstanding: q.outstanding(),
+                }
+            }
+            Decision::Released(t) => {
+                let forced = t.forced();
+                if forced {
+                    tracing::warn!(cause = "quarantine", "released by the quarantine");
+                }
+                ConsumerEvent::Release {
+                    request: self.forget(key),
+                    blocks: t.into_free(),
+                    forced,
+                }
+            }
+        };
+        self.events.push_back(event);
+    }
+
+    fn stop_heartbeat(&mut self, key: RequestKey) -> PushedRequest {
+        match self.inflight.get_mut(&key) {
+            Some(f) => {
+                f.heartbeat = false;
+                f.ticket = None;
+                f.request.clone()
+            }
+            None => self.unknown(key),
+        }
+    }
+
+    fn forget(&mut self, key: RequestKey) -> PushedRequest {
+        match self.inflight.remove(&key) {
+            Some(f) => {
+                self.by_id.remove(&f.request.id);
+                f.request
+            }
+            None => self.unknown(key),
+        }
+    }
+
+    /// A decision for a key the driver does not know: every key comes from `register`, so
+    /// this cannot happen; the blocks are still handed over.
+    fn unknown(&self, key: RequestKey) -> PushedRequest {
+        debug_assert!(false, "decision for a key never registered");
+        PushedRequest {
+            key,
+            id: String::new(),
+            producer_engine: String::new(),
+            remote_request_id: String::new(),
+            producers: PerRequest::new(),
+            registered_at: self.now,
+        }
+    }
+}

@@ -1,0 +1,429 @@
+"""The decode side of the plugin, for one rank: the ledger and the one mapping of its
+decisions to what vLLM is told. No vLLM import: the worker (:mod:`kvdrain.vllm.connector`)
+hands it vLLM's inputs and applies the :class:`DecodeReport` it returns.
+
+What vLLM is told, and when::
+
+    completed  -> report.completed: vLLM's own done path (finished_recving)
+    failed     -> report.invalid (the blocks, once, one KV cache group): the scheduler
+    expired       fails or recomputes the request now; its blocks stay held
+    aborted    -> nothing: the scheduler finished it already (and held its blocks)
+    released   -> report.released: finished_recving (and failed_recving) exactly once on
+                  this rank, so the scheduler frees the blocks when every rank has
+
+Time. Every input is dated at the moment it happened on this rank's clock: the writer
+thread's batches at their arrival (``Ledger.feed(..., now_ms=)``), registrations,
+aborts and lost producers at the engine step that applies them (the clock is brought to
+now first), deadlines and settle and quarantine ends at the first step that reaches
+them. A failure notice read during a slow step therefore settles from when it was read,
+not from the step before.
+
+Refusals. A rank that cannot register a receive (its table is full, or the id or the
+expectation is refused) sends no ``PUSH_REG`` for it. With one rank that is the end of
+it: nothing can be written, and vLLM fails the receive at once. With two or more ranks
+another rank's ``PUSH_REG`` makes the producers write into this rank's blocks too, so the
+refused receive is failed for the client at once but its blocks are held for the whole
+quarantine. The scheduler side admits no more receives than a rank's capacity
+(:mod:`kvdrain.vllm._scheduler`), so a full table is the exception, not the rule. The
+same holds for a failure vLLM raises itself on one rank (a handshake, no remote agents):
+with two or more ranks the ledger keeps tracking the receive, aborted, until its writes
+resolve or the quarantine ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvdrain._errors import (
+    DuplicateRequestError,
+    KvdrainError,
+    UnknownRequestError,
+)
+from kvdrain._kvdrain import Decision, Ledger
+from kvdrain.vllm._settings import Settings
+
+__all__ = ["COUNT_KEYS", "DecodeReport", "DecodeSide", "Phase", "Registered", "producer_ranks"]
+
+logger = logging.getLogger("vllm.kvdrain")
+
+Phase = Literal["waiting", "failed", "aborted", "held"]
+"""Where a receive this rank has not reported yet stands: ``waiting`` for its writes,
+``failed`` (or expired) for the client with its blocks fenced, ``aborted`` by the
+scheduler with its blocks fenced, ``held`` after a refusal or a failure of vLLM's own
+while another rank may have let the producers write."""
+
+Registered = Literal["tracked", "duplicate", "refused", "held"]
+"""What :meth:`DecodeSide.register` did: tracked by the ledger; tracked already (re-staged
+after a preemption); refused with nothing written (one rank: fail it now); refused but
+held for the quarantine (two or more ranks)."""
+
+# Ledger counters that vLLM's own metric "notifications after expiry" stands for.
+_AFTER_EXPIRY = ("unknown", "late")
+# Ledger counters reported as metrics: ignored notices by reason, failed edges by cause.
+_IGNORED = ("unknown", "late", "duplicate", "unexpected_sender", "malformed", "not_bytes")
+_FAILED_EDGES = {"failure_notice": "failure_notices", "gone": "gone_edges", "fenced": "fenced_edges"}
+
+COUNT_KEYS = (
+    *(f"decisions_{k}" for k in ("completed", "failed", "expired", "aborted", "refused")),
+    *(f"releases_{k}" for k in ("settled", "resolved", "forced")),
+    *(f"failed_edges_{k}" for k in _FAILED_EDGES),
+    *(f"ignored_{k}" for k in _IGNORED),
+)
+"""The keys of :attr:`DecodeReport.counts` (``kvdrain.vllm._metrics`` names the series)."""
+
+
+def block_groups(block_ids: object) -> list[list[int]]:
+    """``BlockIds`` (one list per KV cache group, or one flat list) as lists of ints."""
+    if not block_ids or not isinstance(block_ids, Sequence):
+        return []
+    if isinstance(block_ids[0], int):
+        return [list(block_ids)]
+    return [list(g) for g in block_ids]
+
+
+def producer_ranks(d_rank: int, d_tp: int, p_tp: int) -> list[int]:
+    """The producer TP ranks whose WRITEs land on consumer rank ``d_rank`` (one PP
+    stage): ``k = p_tp / d_tp`` consecutive ranks when the producer has more, else the
+    one rank whose heads this rank holds."""
+    if p_tp >= d_tp:
+        k = p_tp // d_tp
+        return list(range(d_rank * k, d_rank * k + k))
+    return [d_rank * p_tp // d_tp]
+
+
+@dataclass
+class DecodeReport:
+    """What one engine step tells vLLM (see the module's table)."""
+
+    completed: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    invalid: list[set[int]] = field(default_factory=list)
+    failed: int = 0
+    expired: int = 0
+    after_expiry: int = 0
+    """Notices for ids no longer tracked (vLLM's "notification after expiry")."""
+    counts: dict[str, int] = field(default_factory=dict, compare=False)
+    """What happened in this step, by metric key (:data:`COUNT_KEYS`); for the metrics,
+    not part of the report's equality."""
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+
+class DecodeSide:
+    """The decode side of one rank. ``feed`` and ``gone`` may be called from any
+    thread; every other method belongs to the engine thread."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        world_size: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.world_size = world_size
+        self.ledger = Ledger(
+            settings.capacity,
+            deadline_ms=settings.deadline_ms,
+            quarantine_ms=settings.quarantine_ms,
+            settle_ms=settings.settle_ms,
+        )
+        self._clock = clock
+        self._epoch = clock()
+        self._phase: dict[str, Phase] = {}
+        self._blocks: dict[str, int] = {}  # blocks of every request with a phase
+        # Waiting requests by registration, oldest first: request -> registered at (ms).
+        self._waiting_since: dict[str, int] = {}
+        self._fenced_blocks = 0  # blocks of the requests not waiting
+        self._now = 0  # the engine thread's clock at its last catch-up or step (ms)
+        # Refused receives held for the quarantine: request -> (release time ms, blocks).
+        self._held_until: dict[str, tuple[int, list[list[int]]]] = {}
+        # The blocks reported invalid at a request's failure or refusal, until its release.
+        self._invalid: dict[str, set[int]] = {}
+        # Blocks vLLM's own failure path reports at a release: the scheduler has finished
+        # the request by then (failed, aborted or expired); they are not reported again.
+        self._released_blocks: set[int] = set()
+        self._lost: queue.Queue[tuple[str, str]] = queue.Queue()
+        self._seen = dict.fromkeys((*_IGNORED, *_FAILED_EDGES.values()), 0)
+        self._fed = threading.Event()
+
+    def now_ms(self) -> int:
+        """This rank's clock, in ms since the side was built."""
+        return round((self._clock() - self._epoch) * 1000)
+
+    def phase(self, rid: str) -> Phase | None:
+        """Where ``rid`` stands, ``None`` once reported (or never tracked)."""
+        return self._phase.get(rid)
+
+    def gauges(self) -> tuple[int, float]:
+        """``(blocks fenced now, age in s of the oldest receive still waiting)``."""
+        oldest = next(iter(self._waiting_since.values()), None)
+        age = 0.0 if oldest is None else (self._now - oldest) / 1000
+        return self._fenced_blocks, age
+
+    # -- writer thread ---------------------------------------------------------------- #
+
+    def feed(self, batch: Mapping[str, Iterable[bytes]]) -> dict[str, list[bytes]]:
+        """One ``get_new_notifs()`` batch, dated now: the notices go to the ledger, and the
+        producer-bound messages (``PUSH_REG:``, ``HB:``) come back by sender for vLLM."""
+        if not batch:
+            return {}
+        back = self.ledger.feed(batch, now_ms=self.now_ms())
+        self._fed.set()
+        out: dict[str, list[bytes]] = {}
+        for agent, message in back:
+            out.setdefault(agent, []).append(message)
+        return out
+
+    # -- any thread ------------------------------------------------------------------- #
+
+    def gone(self, agent: str, why: str) -> None:
+        """The transport lost producer agent ``agent`` (``why``: what failed); the next
+        step reports it to the ledger (``gone``), dated then."""
+        self._lost.put((agent, why))
+
+    # -- engine thread ---------------------------------------------------------------- #
+
+    def catch_up(self) -> DecodeReport:
+        """Brings the ledger's clock to now (before a registration or an abort, so they
+        are dated now, not at the last step); what that fires goes in the report."""
+        report = DecodeReport()
+        self._now = self.now_ms()
+        for d in self.ledger.advance(self._now):
+            self._apply(d, report)
+        return report
+
+    def register(
+        self, rid: str, groups: list[list[int]], expect: int | list[str], report: DecodeReport
+    ) -> Registered:
+        """Tracks a receive before its ``PUSH_REG`` goes out (see the module's
+        *Refusals*); a held refusal puts its blocks in ``report.invalid``. Dated at the
+        last :meth:`catch_up` (the worker catches up at the start of every
+        ``start_load_kv``)."""
+        try:
+            self.ledger.register(rid, tuple(groups), expect)
+        except DuplicateRequestError:
+            return "duplicate"
+        except KvdrainError as e:
+            if self.world_size == 1:
+                logger.error("kvdrain: receive of %s refused (%s); failing it", rid, e)
+                report.count("decisions_refused")
+                return "refused"
+            logger.error(
+                "kvdrain: receive of %s refused (%s); failing it, its blocks held for the "
+                "quarantine (%d ms): another rank may have let the producers write",
+                rid,
+                e,
+                self.settings.quarantine_ms,
+            )
+            report.count("decisions_refused")
+            self._track(rid, "held", groups)
+            self._held_until[rid] = (self._now + self.settings.quarantine_ms, groups)
+            self._report_invalid(rid, groups, report)
+            return "held"
+        self._track(rid, "waiting", groups)
+        return "tracked"
+
+    def abort(self, rid: str, report: DecodeReport) -> None:
+        """The scheduler finished ``rid`` before its receive was reported (abort, or the
+        load failure policy): its blocks stay fenced until the ledger releases them."""
+        if self._phase.get(rid) != "waiting":
+            return
+        try:
+            decision = self.ledger.abort(rid)
+        except UnknownRequestError:
+            return
+        if decision is not None:
+            self._apply(decision, report)
+        # None: decided already; the decision waits for the next poll.
+
+    def vllm_failed(self, rid: str) -> bool:
+        """vLLM failed ``rid`` itself on this rank (a handshake, no remote agents: its
+        ``PUSH_REG`` never left this rank). Returns ``True`` when that report must wait
+        for the ledger's release (a write may still land: another rank registered, or
+        this one's writes were under way); ``False`` when nothing can land."""
+        phase = self._phase.get(rid)
+        if phase is None:
+            return False
+        if phase == "waiting" and self.world_size == 1:
+            self._end(rid)
+            try:
+                self.ledger.abort(rid)  # forgotten: nothing was written
+            except UnknownRequestError:
+                pass
+            return False
+        if phase == "waiting":
+            try:
+                self.ledger.abort(rid)  # its decision, if any, is this side's to ignore
+            except UnknownRequestError:
+                self._end(rid)
+                return False
+        self._fence(rid, "held")
+        return True
+
+    def step(self) -> DecodeReport:
+        """One engine step: the decisions the writer thread's notices made ready, the
+        producers reported lost, then the clock (deadlines, settle and quarantine ends)."""
+        report = DecodeReport()
+        completed, others = self.ledger.poll_split()
+        for rid in completed:
+            self._completed(rid, report)
+        for d in others:
+            self._apply(d, report)
+        # After the poll: a notice the writer thread counted before the loss stands.
+        lost = self._take_lost(report)
+        now = self._now = self.now_ms()
+        for d in self.ledger.advance(now):
+            self._apply(d, report)
+        for rid, (until, groups) in list(self._held_until.items()):
+            if now >= until:
+                del self._held_until[rid]
+                self._released(rid, groups, report, "forced")
+        if self._fed.is_set() or lost or report.completed or report.released or report.counts:
+            self._fed.clear()
+            self._count(report)
+        return report
+
+    def drop_reported(self, invalid: set[int]) -> set[int]:
+        """vLLM's invalid blocks for this step, less those of the requests this side
+        released now: vLLM's failure path reports them at the release, when the
+        scheduler has finished the request already (its failure was reported once, when
+        it failed)."""
+        out = invalid - self._released_blocks
+        self._released_blocks.clear()
+        return out
+
+    def counters(self) -> dict[str, int]:
+        """The ledger's counters (every ingest and decision count, by name)."""
+        return dict(self.ledger.counters())
+
+    # -- internals -------------------------------------------------------------------- #
+
+    def _apply(self, d: Decision, report: DecodeReport) -> None:
+        rid = d.request_id
+        phase = self._phase.get(rid)
+        if phase is None:
+            return  # reported already (vLLM failed it itself, with nothing written)
+        kind = d.kind
+        if kind == "completed":
+            self._completed(rid, report)
+        elif kind in ("failed", "expired"):
+            report.count(f"decisions_{kind}")
+            if phase == "waiting":
+                self._fence(rid, "failed")
+            if kind == "failed":
+                report.failed += 1
+            else:
+                report.expired += 1
+            logger.warning(
+                "kvdrain: receive of %s %s; its blocks stay fenced until released", rid, kind
+            )
+            self._report_invalid(rid, block_groups(d.blocks), report)
+        elif kind == "aborted":
+            report.count("decisions_aborted")
+            if phase == "waiting":
+                self._fence(rid, "aborted")
+        elif kind == "released":
+            how = "forced" if d.forced else "settled" if phase == "failed" else "resolved"
+            self._released(rid, block_groups(d.blocks), report, how)
+
+    def _completed(self, rid: str, report: DecodeReport) -> None:
+        phase = self._phase.get(rid)
+        if phase == "held":
+            # vLLM failed it on this rank; every write has landed now: release it.
+            self._released(rid, [], report, "resolved")
+        elif phase is not None:
+            self._end(rid)
+            report.count("decisions_completed")
+            report.completed.append(rid)
+
+    def _released(
+        self, rid: str, groups: list[list[int]], report: DecodeReport, how: str
+    ) -> None:
+        self._end(rid)
+        report.count(f"releases_{how}")
+        mine = self._invalid.pop(rid, None)
+        if mine is not None and any(b is mine for b in report.invalid):
+            # Failed and released in one step: vLLM's failure path reports them now.
+            report.invalid = [b for b in report.invalid if b is not mine]
+        elif len(groups) == 1:
+            self._released_blocks.update(groups[0])
+        report.released.append(rid)
+
+    def _track(self, rid: str, phase: Phase, groups: list[list[int]]) -> None:
+        self._phase[rid] = phase
+        n = self._blocks[rid] = sum(len(g) for g in groups)
+        if phase == "waiting":
+            self._waiting_since[rid] = self._now
+        else:
+            self._fenced_blocks += n
+
+    def _fence(self, rid: str, phase: Phase) -> None:
+        if self._phase[rid] == "waiting":
+            del self._waiting_since[rid]
+            self._fenced_blocks += self._blocks[rid]
+        self._phase[rid] = phase
+
+    def _end(self, rid: str) -> None:
+        if self._phase.pop(rid) == "waiting":
+            del self._waiting_since[rid]
+            self._blocks.pop(rid)
+        else:
+            self._fenced_blocks -= self._blocks.pop(rid)
+
+    def _report_invalid(self, rid: str, groups: list[list[int]], report: DecodeReport) -> None:
+        # The scheduler maps block ids to requests for one KV cache group only; with more,
+        # failed_recving at the release carries the failure.
+        if len(groups) == 1 and rid not in self._invalid:
+            blocks = self._invalid[rid] = set(groups[0])
+            report.invalid.append(blocks)
+
+    def _take_lost(self, report: DecodeReport) -> bool:
+        lost: dict[str, str] = {}
+        while True:
+            try:
+                agent, why = self._lost.get_nowait()
+            except queue.Empty:
+                break
+            lost.setdefault(agent, why)
+        if not lost:
+            return False
+        for d in self.ledger.advance(self.now_ms()):  # settling counts from the report
+            self._apply(d, report)
+        for agent, why in lost.items():
+            decisions = self.ledger.gone(agent)
+            if decisions:
+                logger.warning(
+                    "kvdrain: producer agent %s lost (%s); %d receive(s) from it fail now "
+                    "and their blocks settle",
+                    agent,
+                    why,
+                    sum(1 for d in decisions if d.kind == "failed"),
+                )
+            for d in decisions:
+                self._apply(d, report)
+        return True
+
+    def _count(self, report: DecodeReport) -> None:
+        """The ledger's counters since the last count: ignored notices by reason, failed
+        edges by cause, and vLLM's "notifications after expiry"."""
+        counters = self.ledger.counters()
+        delta = {k: counters[k] - seen for k, seen in self._seen.items()}
+        for k in _IGNORED:
+            if delta[k]:
+                report.count(f"ignored_{k}", delta[k])
+        for cause, k in _FAILED_EDGES.items():
+            if delta[k]:
+                report.count(f"failed_edges_{cause}", delta[k])
+        report.after_expiry = sum(delta[k] for k in _AFTER_EXPIRY)
+        if delta["malformed"]:
+            logger.warning("kvdrain: %d malformed notification(s) ignored", delta["malformed"])
+        for k in self._seen:
+            self._seen[k] = counters[k]

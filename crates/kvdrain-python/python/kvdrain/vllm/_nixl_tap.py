@@ -1,0 +1,84 @@
+"""The worker's NIXL agent with kvdrain listening: the one place the plugin meets NIXL.
+
+vLLM's own loops (the writer thread, the heartbeats, the registration send, the transfer
+polls) run unchanged over :class:`NixlTap`; each call the plugin needs to see is passed
+to the real agent and reported on the way:
+
+* ``get_new_notifs``: the batch goes to the ledger, dated now; vLLM gets back only the
+  producer-bound messages (``PUSH_REG:``, ``HB:``) it handles itself;
+* ``send_notif``: a send that raises reports its agent lost (``gone``), then raises on to
+  vLLM's own handling;
+* ``check_xfer_state`` and ``release_xfer_handle``: each WRITE's state, final once the
+  handle is released;
+* ``get_xfer_telemetry``: where NIXL has no telemetry it raises; that is not a failed
+  transfer, so the tap answers ``None`` (vLLM records nothing for it).
+
+Every other attribute is the agent's own.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kvdrain.vllm._decode import DecodeSide
+from kvdrain.vllm._prefill import PrefillSide
+
+__all__ = ["NixlTap", "agent_name"]
+
+logger = logging.getLogger("vllm.kvdrain")
+
+
+def agent_name(agent: str | bytes) -> str:
+    """A remote agent's name as ``str``: NIXL's Python API returns the names it loads
+    (``add_remote_agent``) as ``bytes``, and keys notification batches by ``str``."""
+    if isinstance(agent, bytes):
+        return agent.decode("utf-8", "replace")
+    return agent
+
+
+class NixlTap:
+    """``nixl_wrapper`` as vLLM sees it, with the decode and prefill sides listening."""
+
+    def __init__(self, agent: Any, decode: DecodeSide, prefill: PrefillSide) -> None:
+        self.agent = agent
+        self._decode = decode
+        self._prefill = prefill
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.agent, name)
+
+    def get_new_notifs(self) -> dict[str, list[bytes]]:
+        return self._decode.feed(self.agent.get_new_notifs())
+
+    def send_notif(self, remote_agent_name: str | bytes, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.agent.send_notif(remote_agent_name, *args, **kwargs)
+        except Exception as e:
+            self._decode.gone(agent_name(remote_agent_name), f"send failed: {e}")
+            raise
+
+    def check_xfer_state(self, handle: int) -> str:
+        try:
+            state: str = self.agent.check_xfer_state(handle)
+        except Exception as e:
+            unknown = type(e).__name__ == "nixlNotFoundError"
+            self._prefill.observed(handle, "unknown" if unknown else "error")
+            raise
+        if state == "DONE":
+            self._prefill.observed(handle, "landed")
+        elif state != "PROC":
+            self._prefill.observed(handle, "error")
+        return state
+
+    def release_xfer_handle(self, handle: int) -> Any:
+        released = self.agent.release_xfer_handle(handle)
+        self._prefill.handle_released(handle)
+        return released
+
+    def get_xfer_telemetry(self, handle: int) -> Any:
+        try:
+            return self.agent.get_xfer_telemetry(handle)
+        except Exception:
+            logger.debug("kvdrain: no NIXL telemetry for handle %s", handle, exc_info=True)
+            return None

@@ -1,0 +1,45 @@
+"""What the three suites share (``unit/`` in ``.venv``; ``vllm/`` and ``vllm_e2e/`` in
+``.venv-vllm``, with ``vllm_cpu`` beside this file): a fake monotonic clock, the vLLM
+suites' warning filters, and the randomized check's figures in pytest's terminal summary
+(visible with ``-q`` too)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+# vLLM, torch and their dependencies warn on import and at use; the unit suite, which
+# imports none of them, keeps the configured "every warning is an error".
+VLLM_SUITES = (HERE / "vllm", HERE / "vllm_e2e")
+
+
+class FakeClock:
+    """Monotonic seconds that move only when told."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance_ms(self, ms: int) -> None:
+        self.t += ms / 1000
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(suite in item.path.parents for suite in VLLM_SUITES):
+            item.add_marker(pytest.mark.filterwarnings("ignore::DeprecationWarning"))
+            item.add_marker(pytest.mark.filterwarnings("ignore::UserWarning"))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    oracle = sys.modules.get("randomized_oracle")
+    if oracle is None or not oracle.SUMMARY.rows:
+        return
+    terminalreporter.section("kvdrain randomized check")
+    for line in oracle.SUMMARY.lines():
+        terminalreporter.write_line(line)

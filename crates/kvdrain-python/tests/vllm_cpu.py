@@ -1,0 +1,130 @@
+"""vLLM 0.33 on a CPU host, for the two vLLM suites (``tests/vllm/`` and
+``tests/vllm_e2e/``): the CPU platform, a tiny local model, the ``VllmConfig`` with a
+push connector, and the ``KVCacheConfig`` of one full-attention group.
+
+Importing this module selects vLLM's CPU platform as the current platform, so import it
+before any vLLM connector module. Test set-up only: the plugin itself selects nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import vllm.platforms as _platforms
+from vllm.platforms.cpu import CpuPlatform
+
+_platforms._current_platform = CpuPlatform()  # test set-up: no GPU here
+
+import torch  # noqa: E402
+from vllm.config import (  # noqa: E402
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
+
+BLOCK_SIZE = 32  # the CPU attention backend wants a multiple of 32
+NUM_KV_HEADS = 4
+HEAD_SIZE = 16
+LAYERS = ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+
+PLUGIN = "plugin"
+CONTROL = "control"
+CONNECTORS: dict[str, tuple[str, str | None]] = {
+    PLUGIN: ("KvdrainPushConnector", "kvdrain.vllm.connector"),
+    CONTROL: ("NixlPushConnector", None),
+}
+"""``kv_connector`` and ``kv_connector_module_path`` of the plugin and of vLLM's own
+push connector (the negative control)."""
+
+
+def model_dir(root: Path) -> str:
+    """Writes a tiny llama ``config.json`` (2 layers, 4 KV heads of 16) under ``root``;
+    returns its folder. No weights: nothing loads a model."""
+    d = root / "tiny-llama"
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": NUM_KV_HEADS * HEAD_SIZE,
+        "intermediate_size": 128,
+        "num_attention_heads": NUM_KV_HEADS,
+        "num_key_value_heads": NUM_KV_HEADS,
+        "num_hidden_layers": len(LAYERS),
+        "vocab_size": 256,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "torch_dtype": "float32",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
+def vllm_config(
+    which: str,
+    *,
+    model_root: Path,
+    role: str,
+    engine_id: str,
+    num_blocks: int,
+    tp: int = 1,
+    policy: str = "fail",
+    extra: dict[str, Any] | None = None,
+) -> VllmConfig:
+    """The config of one engine with connector ``which`` (``PLUGIN`` or ``CONTROL``) in
+    ``role`` (``kv_producer`` or ``kv_consumer``), a DRAM KV buffer, ``num_blocks``
+    blocks, the NHD layout set (the engine core would resolve it) and
+    ``kv_connector_extra_config`` ``extra``."""
+    name, module = CONNECTORS[which]
+    kv = KVTransferConfig(
+        kv_connector=name,
+        kv_connector_module_path=module,
+        kv_role=role,
+        kv_buffer_device="cpu",
+        engine_id=engine_id,
+        kv_load_failure_policy=policy,
+        kv_connector_extra_config=dict(extra or {}),
+    )
+    model = ModelConfig(model=model_dir(model_root), skip_tokenizer_init=True, dtype="float32")
+    cfg = VllmConfig(
+        model_config=model,
+        cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False),
+        scheduler_config=SchedulerConfig(
+            max_model_len=4096,
+            is_encoder_decoder=False,
+            max_num_batched_tokens=4096,
+            max_num_seqs=16,
+        ),
+        device_config=DeviceConfig(device="cpu"),
+        kv_transfer_config=kv,
+    )
+    cfg.parallel_config.tensor_parallel_size = tp
+    cfg.cache_config.num_gpu_blocks = num_blocks
+    cfg.cache_config.kv_cache_layout = "NHD"
+    return cfg
+
+
+def kv_cache_config(num_blocks: int) -> KVCacheConfig:
+    """One KV cache group: full attention over ``LAYERS``, float32."""
+    spec = FullAttentionSpec(
+        block_size=BLOCK_SIZE,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=HEAD_SIZE,
+        dtype=torch.float32,
+    )
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)],
+    )

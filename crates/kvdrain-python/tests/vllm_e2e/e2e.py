@@ -1,0 +1,161 @@
+"""The test's side of the end-to-end run: two engine processes and the calls between.
+
+Each :class:`EngineProc` is one ``engine.py`` process (a P or a D) with its own side
+channel on 127.0.0.1 at a port chosen free at run time. The test plays both schedulers
+through JSON commands, and steps both engines until what it waits for holds or a
+deadline passes (:func:`run_until`); nothing waits on a timer alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+HERE = Path(__file__).resolve().parent
+SHARED = HERE.parent  # tests/: vllm_cpu, shared with tests/vllm/
+
+# UCX over TCP on loopback only, or UCX's own choice on one host (RMA over CMA, active
+# messages over shared memory): no UCX_* transport setting at all.
+TRANSPORTS: dict[str, dict[str, str]] = {
+    "tcp": {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"},
+    "shm": {},
+}
+
+
+class EngineError(RuntimeError):
+    """An engine process answered a command with an error, or not at all."""
+
+
+class EngineProc:
+    def __init__(
+        self,
+        role: str,
+        which: str,
+        engine_id: str,
+        workdir: Path,
+        *,
+        transport: str = "tcp",
+        extra: dict[str, Any] | None = None,
+        ready_s: float = 400.0,
+    ) -> None:
+        self.role = role
+        self.which = which
+        self.engine_id = engine_id
+        self.port = 0  # the side channel's, chosen by the engine (wait_ready)
+        env = {k: v for k, v in os.environ.items() if k not in ("UCX_TLS", "UCX_NET_DEVICES")}
+        env.update(TRANSPORTS[transport])
+        env.update(
+            VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
+            KVDRAIN_E2E_DIR=str(workdir),
+            PYTHONPATH=os.pathsep.join([str(HERE), str(SHARED), env.get("PYTHONPATH", "")]),
+            VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        )
+        self.log_path = workdir / f"{engine_id}.log"
+        self._log: TextIO = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "engine.py"), role, which, engine_id, json.dumps(extra or {})],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env=env,
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self._ready_s = ready_s
+        self._ready = False
+
+    def wait_ready(self) -> EngineProc:
+        """Waits for the engine's first line (it has built both connector sides, its
+        NIXL agent, registered its KV cache and started its side channel)."""
+        if not self._ready:
+            hello = self._next(self._ready_s)
+            if not hello.get("ready"):
+                raise EngineError(f"{self.engine_id}: {hello}")
+            self.port = int(hello["port"])
+            self._ready = True
+        return self
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _next(self, timeout_s: float) -> dict[str, Any]:
+        try:
+            line = self._lines.get(timeout=timeout_s)
+        except queue.Empty as e:
+            raise EngineError(f"{self.engine_id}: no answer in {timeout_s} s; {self.tail()}") from e
+        if line is None:
+            raise EngineError(f"{self.engine_id}: process ended; {self.tail()}")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def tail(self, n: int = 30) -> str:
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "log tail:\n" + "\n".join(lines[-n:])
+
+    def call(self, op: str, timeout_s: float = 60.0, **kw: Any) -> Any:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
+        self.proc.stdin.flush()
+        reply = self._next(timeout_s)
+        if not reply.get("ok"):
+            raise EngineError(f"{self.engine_id}: {op}: {reply.get('error')}")
+        return reply.get("result")
+
+    def send_raw(self, agent: str, message: bytes) -> None:
+        self.call("fault_send", agent=agent, message_b64=base64.b64encode(message).decode())
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def close(self) -> None:
+        if self.alive():
+            try:
+                if self._ready:
+                    self.call("quit", timeout_s=10)
+                else:
+                    self.proc.kill()
+            except (EngineError, OSError):
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._log.close()
+
+
+def run_until(
+    engines: list[EngineProc], done: Callable[[], bool], deadline_s: float
+) -> tuple[bool, list[dict[str, Any]]]:
+    """Steps every live engine until ``done()`` holds (True) or ``deadline_s`` passes
+    (False); returns the steps' answers too."""
+    steps: list[dict[str, Any]] = []
+    end = time.monotonic() + deadline_s
+    while True:
+        for e in engines:
+            if e.alive():
+                steps.append({"engine": e.engine_id, **e.call("step")})
+        if done():
+            return True, steps
+        if time.monotonic() > end:
+            return False, steps
+        time.sleep(0.002)  # a poll's pause, not a synchronization

@@ -1,0 +1,512 @@
+"""End to end over real NIXL: vLLM 0.33.0 P and D engines in two processes.
+
+Four engines start once: a P and a D with the plugin (``KvdrainPushConnector``), and a P
+and a D with vLLM's own ``NixlPushConnector`` (the negative control). Every scenario runs
+through the plugin fleet and through the control fleet; the mixed-fleet scenarios pair a
+plugin engine with a plain one. Each scenario writes one JSON line to the report
+(``KVDRAIN_E2E_REPORT``, default ``target/vllm-e2e/report.jsonl``) and asserts what the
+decode scheduler was told, when the blocks came back, and 0 violations for the plugin;
+for the control it asserts 0.33's failure in the same run.
+
+Timings come from the settings below (lease 2 s, deadline 6 s, quarantine 4 s, settle
+0.5 s); every wait polls both engines until a condition holds or a bound passes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e import EngineProc, run_until
+
+ROOT = Path(__file__).resolve().parents[4]
+REPORT = Path(os.environ.get("KVDRAIN_E2E_REPORT", ROOT / "target" / "vllm-e2e" / "report.jsonl"))
+TRANSPORT = os.environ.get("KVDRAIN_E2E_TRANSPORT", "tcp")
+
+DEADLINE_MS = 6000
+QUARANTINE_MS = 4000
+SETTLE_MS = 500
+LEASE_S = 2
+EXTRA: dict[str, Any] = {
+    "kv_lease_duration": LEASE_S,
+    "kvdrain_deadline_ms": DEADLINE_MS,
+    "kvdrain_quarantine_ms": QUARANTINE_MS,
+    "kvdrain_settle_ms": SETTLE_MS,
+}
+# How long a scenario waits for what the plugin guarantees: the deadline, the quarantine
+# and a margin for the engines' steps.
+BOUND_S = (DEADLINE_MS + QUARANTINE_MS) / 1000 + 8
+# How long the control is watched for a report that 0.33 never gives (its own timeout,
+# push_registration_timeout, is 480 s): past the plugin's bound.
+HANG_S = BOUND_S + 2
+N_BLOCKS = 3
+
+
+class Engines:
+    """The four engines, started together (each builds vLLM's config, both connector
+    sides, a NIXL agent, and registers its KV cache)."""
+
+    def __init__(self, workdir: Path) -> None:
+        kinds = {
+            "P-plugin": ("P", "plugin"),
+            "D-plugin": ("D", "plugin"),
+            "P-vllm": ("P", "control"),
+            "D-vllm": ("D", "control"),
+        }
+        self.procs: dict[str, EngineProc] = {}
+        try:
+            for eid, (role, which) in kinds.items():
+                self.procs[eid] = EngineProc(
+                    role, which, eid, workdir, transport=TRANSPORT, extra=EXTRA
+                )
+            for p in self.procs.values():
+                p.wait_ready()
+            self.warm_up()
+        except BaseException:
+            self.close()
+            raise
+
+    def warm_up(self) -> None:
+        """One request per pairing, so every handshake (D to P for the PUSH_REG, P to D
+        for the WRITEs) is done before the scenarios time anything: a first handshake
+        on a loaded host can outlast the plugin's short test deadline. Outcomes are
+        reported, not asserted."""
+        pairs = [("P-plugin", "D-plugin"), ("P-vllm", "D-vllm"), ("P-vllm", "D-plugin"), ("P-plugin", "D-vllm")]
+        start = time.monotonic()
+        reqs = []
+        for p, d in pairs:
+            i = _index()
+            rid = f"warmup-{p}-{d}-{i}"
+            P, D = self.procs[p], self.procs[d]
+            D.call("recv", rid=rid, index=i, n_blocks=1, p_engine=P.engine_id, p_port=P.port)
+            P.call("send", rid=rid, index=i, n_blocks=1)
+            reqs.append((rid, P, D))
+
+        def done() -> bool:
+            for rid, P, D in reqs:
+                d, p = D.call("report"), P.call("report")
+                if d["states"].get(rid) not in ("completed", "failed") or rid in d["held"]:
+                    return False
+                if rid in p["held"]:
+                    return False
+            return True
+
+        ok, _ = run_until(list(self.procs.values()), done, 120)
+        _write(
+            {
+                "event": "warm_up",
+                "done": ok,
+                "seconds": round(time.monotonic() - start, 1),
+                "states": {rid: D.call("report")["states"].get(rid) for rid, _, D in reqs},
+            }
+        )
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            p.close()
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[Engines]:
+    start = time.monotonic()
+    # The engines' logs and the model config, kept until the next run for a look.
+    workdir = REPORT.parent / f"engines-{TRANSPORT}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.write_text("")
+    e = Engines(workdir)
+    _write({"event": "engines_ready", "seconds": round(time.monotonic() - start, 1)})
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+_INDEX = iter(range(1, 10_000))
+_INDEX_LOCK = threading.Lock()
+
+
+def _index() -> int:
+    with _INDEX_LOCK:
+        return next(_INDEX)
+
+
+def _write(line: dict[str, Any]) -> None:
+    with REPORT.open("a") as f:
+        f.write(json.dumps(line, sort_keys=True) + "\n")
+    print(json.dumps(line, sort_keys=True))
+
+
+FLEETS = {
+    "plugin": ("P-plugin", "D-plugin"),
+    "control": ("P-vllm", "D-vllm"),
+}
+
+
+class Run:
+    """One scenario on one fleet: its requests, and the engines' figures before it."""
+
+    def __init__(self, engines: Engines, scenario: str, p: str, d: str) -> None:
+        self.P = engines.procs[p]
+        self.D = engines.procs[d]
+        self.scenario = scenario
+        self.rids: list[str] = []
+        self.t0 = time.monotonic()
+        self.before = {"D": self.D.call("report"), "P": self.P.call("report")}
+
+    def push(self, *, send: bool = True, n_blocks: int = N_BLOCKS) -> str:
+        i = _index()
+        rid = f"{self.scenario}-{self.D.which}-{i}"
+        self.rids.append(rid)
+        self.D.call("recv", rid=rid, index=i, n_blocks=n_blocks, p_engine=self.P.engine_id, p_port=self.P.port)
+        if send:
+            self.P.call("send", rid=rid, index=i, n_blocks=n_blocks)
+        return rid
+
+    def d(self) -> dict[str, Any]:
+        r: dict[str, Any] = self.D.call("report")
+        return r
+
+    def until(self, cond: Any, bound_s: float = BOUND_S) -> bool:
+        ok, _ = run_until([self.P, self.D], cond, bound_s)
+        return ok
+
+    def told(self, rid: str) -> list[str]:
+        told: list[str] = self.d()["told"].get(rid, [])
+        return told
+
+    def state(self, rid: str) -> str | None:
+        st: str | None = self.d()["states"].get(rid)
+        return st
+
+    def held(self, rid: str) -> bool:
+        return rid in self.d()["held"]
+
+    def finish(self, **extra: Any) -> dict[str, Any]:
+        d = self.D.call("report", final=True)
+        p = self.P.call("report", final=True) if self.P.alive() else None
+        b = self.before
+        states = {rid: d["states"].get(rid) for rid in self.rids}
+        told = {rid: d["told"].get(rid, []) for rid in self.rids}
+        counters = d["counters"]
+        before_c = b["D"]["counters"]
+
+        def delta(name: str) -> int:
+            return int(counters.get(name, 0)) - int(before_c.get(name, 0))
+
+        line = {
+            "scenario": self.scenario,
+            "p": self.P.engine_id,
+            "d": self.D.engine_id,
+            "transport": TRANSPORT,
+            "requests": len(self.rids),
+            "completed": sum(1 for s in states.values() if s == "completed"),
+            "failed": sum(1 for s in states.values() if s == "failed"),
+            "expired": delta("expired"),
+            # Edges the plugin's ledger failed because their producer was seen gone.
+            "gone_edges": delta("gone_edges"),
+            # What made the plugin D's failure decisions in this run (its ledger's
+            # counters; empty for vLLM's D, which decides none).
+            "decided_by": [
+                cause
+                for cause, n in (
+                    ("PUSH_FAIL", delta("failure_notices")),
+                    ("deadline", delta("expired")),
+                    ("gone", delta("gone_edges")),
+                )
+                if n > 0
+            ],
+            "unresolved": sorted(rid for rid, s in states.items() if s in ("waiting", "aborted")),
+            "blocks_held": sorted(rid for rid in self.rids if rid in d["held"]),
+            "bytes_checked": d["bytes_checked"] - b["D"]["bytes_checked"],
+            "late_bytes": d["late_bytes"] - b["D"]["late_bytes"],
+            "violations": d["violations"][len(b["D"]["violations"]) :]
+            + ([] if p is None else p["violations"][len(b["P"]["violations"]) :]),
+            "engine_errors": d["errors"][len(b["D"]["errors"]) :],
+            "told": told,
+            "told_once": all(
+                sum(1 for t in ts if t in ("finished_recving", "failed_recving")) <= 1
+                for ts in told.values()
+            ),
+            "seconds": round(time.monotonic() - self.t0, 2),
+            **extra,
+        }
+        _write(line)
+        return line
+
+
+def resolved(run: Run, rid: str) -> Any:
+    return lambda: run.state(rid) in ("completed", "failed") and not run.held(rid)
+
+
+# -- the scenarios ------------------------------------------------------------------ #
+
+
+@pytest.mark.parametrize("fleet", ["plugin", "control"])
+def test_completion(engines: Engines, fleet: str) -> None:
+    """One request, plain completion: its blocks hold exactly its stamps when decoding
+    would start; the scheduler is told once. vLLM's connector gets this right too."""
+    run = Run(engines, "complete", *FLEETS[fleet])
+    rids = [run.push() for _ in range(3)]
+    assert run.until(lambda: all(run.state(r) == "completed" for r in rids))
+    line = run.finish()
+    assert line["violations"] == []
+    assert line["completed"] == 3 and line["told_once"]
+    assert all(line["told"][r] == ["finished_recving"] for r in rids)
+    assert line["bytes_checked"] > 0
+
+
+@pytest.mark.parametrize("fleet", ["plugin", "control"])
+def test_reuse_after_completion(engines: Engines, fleet: str) -> None:
+    """Blocks released after a completion are allocated again at once: each new request
+    finds them scrubbed and holds only its own stamps."""
+    run = Run(engines, "reuse", *FLEETS[fleet])
+    for _ in range(4):
+        rid = run.push(n_blocks=8)
+        assert run.until(lambda: run.state(rid) == "completed")
+    line = run.finish()
+    assert line["violations"] == [] and line["completed"] == 4 and line["told_once"]
+
+
+@pytest.mark.parametrize("fleet", ["plugin", "control"])
+def test_post_failure(engines: Engines, fleet: str) -> None:
+    """P cannot post the WRITE. The plugin P owes one PUSH_FAIL, sent over NIXL; the
+    plugin D fails the request at once (invalid blocks), then frees the blocks after
+    settling. vLLM's P sends nothing and its D waits (its own timeout is 480 s)."""
+    run = Run(engines, "post_failure", *FLEETS[fleet])
+    i = _index()
+    rid = f"post_failure-{fleet}-{i}"
+    run.rids.append(rid)
+    run.P.call("fault", post_fail=[rid])
+    run.D.call("recv", rid=rid, index=i, n_blocks=N_BLOCKS, p_engine=run.P.engine_id, p_port=run.P.port)
+    run.P.call("send", rid=rid, index=i, n_blocks=N_BLOCKS)
+    if fleet == "plugin":
+        t = time.monotonic()
+        assert run.until(resolved(run, rid))
+        line = run.finish(resolved_s=round(time.monotonic() - t, 2))
+        assert line["told"][rid] == ["invalid_blocks", "failed_recving"]
+        assert line["expired"] == 0, "the PUSH_FAIL decided, not the deadline"
+        assert line["violations"] == [] and line["told_once"]
+    else:
+        assert not run.until(lambda: bool(run.told(rid)), HANG_S)
+        line = run.finish()
+        assert line["told"][rid] == [] and line["blocks_held"] == [rid]
+    run.P.call("fault", post_fail=[])
+
+
+@pytest.mark.parametrize("fleet", ["plugin", "control"])
+def test_backend_error_after_post(engines: Engines, fleet: str) -> None:
+    """The WRITE is posted and its bytes land, but P's status call reports a backend
+    error (so NIXL never sends its completion notice). The plugin P sends PUSH_FAIL; the
+    plugin D fails the request, counts the bytes that landed after the failure event,
+    and frees the blocks after settling. vLLM's D is told nothing."""
+    run = Run(engines, "backend_error", *FLEETS[fleet])
+    i = _index()
+    rid = f"backend_error-{fleet}-{i}"
+    run.rids.append(rid)
+    run.P.call("fault", backend_error=[rid], agent=run.D.call("agent_md")["name"])
+    run.D.call("recv", rid=rid, index=i, n_blocks=N_BLOCKS, p_engine=run.P.engine_id, p_port=run.P.port)
+    run.P.call("send", rid=rid, index=i, n_blocks=N_BLOCKS)
+    if fleet == "plugin":
+        assert run.until(resolved(run, rid))
+        line = run.finish()
+        assert line["told"][rid] == ["invalid_blocks", "failed_recving"]
+        assert line["violations"] == [] and line["told_once"]
+    else:
+        assert not run.until(lambda: bool(run.told(rid)), HANG_S)
+        line = run.finish()
+        assert line["told"][rid] == [] and line["blocks_held"] == [rid]
+    run.P.call("fault", backend_error=[])
+
+
+@pytest.mark.parametrize("fleet", ["plugin", "control"])
+def test_deadline(engines: Engines, fleet: str) -> None:
+    """D registers a request that P never pushes. The plugin D expires it at its
+    deadline, keeps the blocks fenced for the quarantine, then frees them. vLLM's D
+    holds the request and its blocks (vLLM #46283)."""
+    run = Run(engines, "deadline", *FLEETS[fleet])
+    rid = run.push(send=False)
+    if fleet == "plugin":
+        t = time.monotonic()
+        assert run.until(resolved(run, rid))
+        line = run.finish(resolved_s=round(time.monotonic() - t, 2))
+        assert line["expired"] == 1
+        assert line["told"][rid] == ["invalid_blocks", "failed_recving"]
+        assert line["resolved_s"] >= (DEADLINE_MS + QUARANTINE_MS) / 1000 - 1
+        assert line["violations"] == [] and line["told_once"]
+    else:
+        assert not run.until(lambda: bool(run.told(rid)), HANG_S)
+        line = run.finish()
+        assert line["told"][rid] == [] and line["blocks_held"] == [rid]
+
+
+@pytest.mark.parametrize("fleet", ["plugin", "control"])
+def test_abort_while_writing(engines: Engines, fleet: str) -> None:
+    """D aborts a request while P's WRITE is in flight (posted, its notice held in the
+    handle); the WRITE then ends in a backend error. The plugin keeps the blocks until
+    the PUSH_FAIL settled, then frees them once. vLLM's D never gets a report for the
+    aborted request and never frees its blocks (vLLM #46283)."""
+    run = Run(engines, "abort", *FLEETS[fleet])
+    i = _index()
+    rid = f"abort-{fleet}-{i}"
+    run.rids.append(rid)
+    run.P.call("fault", stall=[rid], agent=run.D.call("agent_md")["name"])
+    run.D.call("recv", rid=rid, index=i, n_blocks=N_BLOCKS, p_engine=run.P.engine_id, p_port=run.P.port)
+    run.P.call("send", rid=rid, index=i, n_blocks=N_BLOCKS)
+    assert run.until(lambda: run.P.call("fault")["posted"].get(rid, 0) > 0)
+    run.D.call("abort", rid=rid)
+    # While the write may land, the blocks stay with the request on both fleets.
+    run.until(lambda: False, 1.0)
+    assert run.held(rid) and run.told(rid) == []
+    run.P.call("fault", stall=[], backend_error=[rid], agent=run.D.call("agent_md")["name"])
+    if fleet == "plugin":
+        assert run.until(lambda: not run.held(rid))
+        line = run.finish()
+        assert line["told"][rid] in (["finished_recving"], ["failed_recving"])
+        assert line["violations"] == [] and line["told_once"]
+    else:
+        assert not run.until(lambda: not run.held(rid), HANG_S)
+        line = run.finish()
+        assert line["blocks_held"] == [rid] and line["told"][rid] == []
+    run.P.call("fault", backend_error=[])
+
+
+@pytest.mark.parametrize("fleet", ["plugin", "control"])
+def test_duplicate_stray_and_garbage_notices(engines: Engines, fleet: str) -> None:
+    """While P holds a request's WRITE back (nothing landed yet), a NIXL agent no
+    handshake named sends that request's completion bytes, and P's own agent sends
+    garbage (non-UTF-8 and colon-less bytes); after the real completion P's agent sends
+    it again. The plugin ignores the stray and the garbage, completes the request once
+    with its own stamps and counts the duplicate. vLLM's D completes on the stray
+    (decoding would start on blocks that do not hold the request's KV, and the late
+    WRITE lands in blocks already freed) and raises on the garbage."""
+    run = Run(engines, "wire", *FLEETS[fleet])
+    i = _index()
+    rid = f"wire-{fleet}-{i}"
+    run.rids.append(rid)
+    run.P.call("fault", hold=[rid])
+    run.D.call("recv", rid=rid, index=i, n_blocks=N_BLOCKS, p_engine=run.P.engine_id, p_port=run.P.port)
+    run.P.call("send", rid=rid, index=i, n_blocks=N_BLOCKS)
+    # P has D's registration once the writer thread waits on the hold.
+    md = run.D.call("agent_md")
+    d_agent = md["name"]
+    strays = run.d()["counters"].get("unexpected_sender", 0)
+    run.P.call("stray_send", md_b64=md["md"], message_b64=base64.b64encode(f"{rid}:1".encode()).decode())
+    # Wait until D has taken the stray notice: counted (plugin) or acted on (vLLM's).
+    assert run.until(
+        lambda: run.state(rid) == "completed"
+        or run.d()["counters"].get("unexpected_sender", 0) > strays
+    )
+    early = run.state(rid)
+    run.P.send_raw(d_agent, b"\xff\xfe not utf-8")
+    run.P.send_raw(d_agent, b"no-colon-at-all")
+    run.until(lambda: False, 0.5)
+    run.P.call("fault", hold=[])
+    if fleet == "plugin":
+        assert early == "waiting", "a stray agent's notice completed the request"
+        assert run.until(lambda: run.state(rid) == "completed")
+        run.P.send_raw(d_agent, f"{rid}:1".encode())
+        run.until(lambda: False, 1.0)
+        line = run.finish(state_after_stray=early)
+        assert line["told"][rid] == ["finished_recving"] and line["told_once"]
+        assert line["violations"] == [] and line["engine_errors"] == []
+        c = run.D.call("report")["counters"]
+        assert c["malformed"] >= 2 and c["unexpected_sender"] >= 1
+        # The second completion, after the first was reported, changed nothing.
+        assert c["duplicate"] + c["late"] + c["unknown"] >= 1
+    else:
+        run.until(lambda: False, 2.0)  # let the held WRITE land in the freed blocks
+        line = run.finish(state_after_stray=early)
+        assert early == "completed", "vLLM's D completes on a stray notice"
+        assert any("when decoding would start" in v for v in line["violations"])
+        assert any("after it was freed" in v or "free block" in v for v in line["violations"])
+        assert line["engine_errors"], "vLLM's D raises on garbage bytes"
+
+
+def test_mixed_plain_p_plugin_d(engines: Engines) -> None:
+    """A plain vLLM P and a plugin D: completion works; a post failure sends no
+    PUSH_FAIL, and the plugin D's deadline decides, then the quarantine."""
+    run = Run(engines, "mixed_plainP_pluginD", "P-vllm", "D-plugin")
+    ok_rid = run.push()
+    assert run.until(lambda: run.state(ok_rid) == "completed")
+    i = _index()
+    rid = f"mixed_plainP_pluginD-{i}"
+    run.rids.append(rid)
+    run.P.call("fault", post_fail=[rid])
+    run.D.call("recv", rid=rid, index=i, n_blocks=N_BLOCKS, p_engine=run.P.engine_id, p_port=run.P.port)
+    run.P.call("send", rid=rid, index=i, n_blocks=N_BLOCKS)
+    assert run.until(resolved(run, rid))
+    line = run.finish()
+    run.P.call("fault", post_fail=[])
+    assert line["expired"] == 1 and line["told"][rid] == ["invalid_blocks", "failed_recving"]
+    assert line["violations"] == [] and line["told_once"]
+
+
+def test_mixed_plugin_p_plain_d(engines: Engines) -> None:
+    """A plugin P and a plain vLLM D: completion works; the plugin P's PUSH_FAIL reaches
+    the plain D, which logs it as an unknown request and goes on (it waits, as 0.33
+    does without the plugin P, and raises nothing)."""
+    run = Run(engines, "mixed_pluginP_plainD", "P-plugin", "D-vllm")
+    ok_rid = run.push()
+    assert run.until(lambda: run.state(ok_rid) == "completed")
+    i = _index()
+    rid = f"mixed_pluginP_plainD-{i}"
+    run.rids.append(rid)
+    run.P.call("fault", post_fail=[rid])
+    run.D.call("recv", rid=rid, index=i, n_blocks=N_BLOCKS, p_engine=run.P.engine_id, p_port=run.P.port)
+    run.P.call("send", rid=rid, index=i, n_blocks=N_BLOCKS)
+    assert not run.until(lambda: bool(run.told(rid)), 3.0)
+    line = run.finish()
+    run.P.call("fault", post_fail=[])
+    assert line["engine_errors"] == [] and line["violations"] == []
+    assert line["told"][ok_rid] == ["finished_recving"] and line["told"][rid] == []
+
+
+@pytest.mark.parametrize("fleet", ["plugin", "control"])
+def test_producer_killed_mid_write(engines: Engines, fleet: str) -> None:
+    """P posts the WRITE (its bytes land, its notice held in the handle) and is killed.
+    D's next heartbeat to P's agent cannot be sent: the plugin D reports the agent gone,
+    the ledger fails the request at once (the scheduler sees its blocks invalid), keeps
+    the blocks for ``settle_ms`` (bytes P had handed to UCX may still land), then
+    releases them once; all well before the deadline. vLLM's D logs the failed
+    heartbeat and waits for a notice that cannot come."""
+    run = Run(engines, "p_killed", *FLEETS[fleet])
+    i = _index()
+    rid = f"p_killed-{fleet}-{i}"
+    run.rids.append(rid)
+    run.P.call("fault", stall=[rid], agent=run.D.call("agent_md")["name"])
+    run.D.call("recv", rid=rid, index=i, n_blocks=N_BLOCKS, p_engine=run.P.engine_id, p_port=run.P.port)
+    run.P.call("send", rid=rid, index=i, n_blocks=N_BLOCKS)
+    assert run.until(lambda: run.P.call("fault")["posted"].get(rid, 0) > 0)
+    killed_at = time.monotonic()
+    run.P.kill()
+    if fleet == "plugin":
+        assert run.until(resolved(run, rid))
+        told_at = run.d()["told_at"][rid]
+        line = run.finish(
+            decision_s=round(told_at[0] - killed_at, 3),
+            released_s=round(told_at[-1] - killed_at, 3),
+        )
+        assert line["told"][rid] == ["invalid_blocks", "failed_recving"]
+        assert line["decided_by"] == ["gone"] and line["gone_edges"] == 1
+        # UCX reports the disconnect to the next send a moment after the kill (about 2 s
+        # here); the deadline is 6 s.
+        assert line["decision_s"] < DEADLINE_MS / 1000 - 1
+        # Released after settling (the engines' steps add their pace to the bound).
+        assert line["released_s"] - line["decision_s"] >= SETTLE_MS / 1000 - 0.05
+        assert line["released_s"] < DEADLINE_MS / 1000
+        assert line["violations"] == [] and line["told_once"]
+    else:
+        assert not run.until(lambda: bool(run.told(rid)), HANG_S)
+        line = run.finish()
+        assert line["told"][rid] == [] and line["blocks_held"] == [rid]
