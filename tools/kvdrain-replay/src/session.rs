@@ -89,6 +89,15 @@ impl Replay<'_> {
                     .advance(self.now)
                     .map_err(|e| Step::Trace(e.to_string()))?;
             }
+            "arrival" => {
+                // A recorded batch's arrival time (`Ingest::set_arrival`): the notices that
+                // follow are stamped with the later of it and the clock. The clock stays.
+                let ms = number(args.next().ok_or("missing MS")?)?;
+                if args.next().is_some() {
+                    return Err(Step::Trace("arrival takes one argument".into()));
+                }
+                ledger.set_arrival(Instant::from_millis(ms));
+            }
             "register" => self.register(ledger, args)?,
             "notify" => {
                 let (agent, bytes) = line.notify_args()?;
