@@ -545,7 +545,12 @@ def test_the_plugin_is_what_vllm_loaded() -> None:
 def slow_settings(**kw: int) -> Settings:
     values = dict(deadline_ms=DEADLINE_MS, quarantine_ms=1_500, settle_ms=500, capacity=256)
     values.update(kw)
-    return Settings(**values)
+    return Settings(
+        deadline_ms=values["deadline_ms"],
+        quarantine_ms=values["quarantine_ms"],
+        settle_ms=values["settle_ms"],
+        capacity=values["capacity"],
+    )
 
 
 def test_failure_notice_read_in_a_slow_step_settles_from_its_arrival() -> None:

@@ -32,12 +32,14 @@ resolve or the quarantine ends.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from kvdrain._errors import (
@@ -46,6 +48,7 @@ from kvdrain._errors import (
     UnknownRequestError,
 )
 from kvdrain._kvdrain import Decision, Ledger
+from kvdrain.vllm._recorder import FlightRecorder, RecordingLedger
 from kvdrain.vllm._settings import Settings
 
 __all__ = ["COUNT_KEYS", "DecodeReport", "DecodeSide", "Phase", "Registered", "producer_ranks"]
@@ -126,15 +129,28 @@ class DecodeSide:
         *,
         world_size: int,
         clock: Callable[[], float] = time.monotonic,
+        name: str = "rank0",
     ) -> None:
         self.settings = settings
         self.world_size = world_size
-        self.ledger = Ledger(
+        self.name = name
+        ledger = Ledger(
             settings.capacity,
             deadline_ms=settings.deadline_ms,
             quarantine_ms=settings.quarantine_ms,
             settle_ms=settings.settle_ms,
         )
+        self.ledger: Ledger | RecordingLedger = ledger
+        self.recorder: FlightRecorder | None = None
+        if settings.record_dir is not None:
+            self.recorder = FlightRecorder(
+                Path(settings.record_dir) / f"kvdrain-{name}.trace",
+                RecordingLedger.config_line(ledger),
+                max_bytes=settings.record_max_bytes,
+                files=settings.record_files,
+            )
+            self.ledger = RecordingLedger(ledger, self.recorder)
+            logger.info("kvdrain: flight recorder on, writing %s", self.recorder.path)
         self._clock = clock
         self._epoch = clock()
         self._phase: dict[str, Phase] = {}
@@ -153,6 +169,10 @@ class DecodeSide:
         self._lost: queue.Queue[tuple[str, str]] = queue.Queue()
         self._seen = dict.fromkeys((*_IGNORED, *_FAILED_EDGES.values()), 0)
         self._fed = threading.Event()
+        # For the one log line of a receive that does not complete: when it was tracked,
+        # and (once decided) what was decided, when, and who still owed a write.
+        self._tracked_at: dict[str, int] = {}
+        self._outcome: dict[str, dict[str, object]] = {}
 
     def now_ms(self) -> int:
         """This rank's clock, in ms since the side was built."""
@@ -215,6 +235,7 @@ class DecodeSide:
             if self.world_size == 1:
                 logger.error("kvdrain: receive of %s refused (%s); failing it", rid, e)
                 report.count("decisions_refused")
+                self._story(rid, {"outcome": "refused", "cause": str(e), "at_ms": self._now})
                 return "refused"
             logger.error(
                 "kvdrain: receive of %s refused (%s); failing it, its blocks held for the "
@@ -225,6 +246,7 @@ class DecodeSide:
             )
             report.count("decisions_refused")
             self._track(rid, "held", groups)
+            self._outcome[rid] = {"outcome": "refused", "cause": str(e), "decided_ms": self._now}
             self._held_until[rid] = (self._now + self.settings.quarantine_ms, groups)
             self._report_invalid(rid, groups, report)
             return "held"
@@ -266,6 +288,7 @@ class DecodeSide:
                 self._end(rid)
                 return False
         self._fence(rid, "held")
+        self._outcome.setdefault(rid, {"outcome": "failed_by_vllm", "decided_ms": self._now})
         return True
 
     def step(self) -> DecodeReport:
@@ -300,6 +323,11 @@ class DecodeSide:
         self._released_blocks.clear()
         return out
 
+    def close(self) -> None:
+        """Closes the flight recorder's file, if recording (the connector's shutdown)."""
+        if self.recorder is not None:
+            self.recorder.close()
+
     def counters(self) -> dict[str, int]:
         """The ledger's counters (every ingest and decision count, by name)."""
         return dict(self.ledger.counters())
@@ -316,6 +344,7 @@ class DecodeSide:
             self._completed(rid, report)
         elif kind in ("failed", "expired"):
             report.count(f"decisions_{kind}")
+            self._decided(rid, d)
             if phase == "waiting":
                 self._fence(rid, "failed")
             if kind == "failed":
@@ -328,6 +357,7 @@ class DecodeSide:
             self._report_invalid(rid, block_groups(d.blocks), report)
         elif kind == "aborted":
             report.count("decisions_aborted")
+            self._decided(rid, d)
             if phase == "waiting":
                 self._fence(rid, "aborted")
         elif kind == "released":
@@ -344,9 +374,34 @@ class DecodeSide:
             report.count("decisions_completed")
             report.completed.append(rid)
 
+    def _decided(self, rid: str, d: Decision) -> None:
+        outcome: dict[str, object] = {"outcome": d.kind, "decided_ms": d.at_ms}
+        if d.outstanding is not None:
+            outcome["outstanding"] = d.outstanding
+        self._outcome.setdefault(rid, outcome)
+
+    def _story(self, rid: str, fields: dict[str, object]) -> None:
+        """The one structured line of a receive that did not complete (JSON fields)."""
+        line: dict[str, object] = {"req": rid, "rank": self.name}
+        registered = self._tracked_at.pop(rid, None)
+        if registered is not None:
+            line["registered_ms"] = registered
+            line["deadline_ms"] = registered + self.settings.deadline_ms
+        line.update(fields)
+        # A client's cancel is routine; a failure, an expiry or a forced release is not.
+        routine = line.get("outcome") == "aborted" and line.get("release") != "forced"
+        logger.log(
+            logging.INFO if routine else logging.WARNING,
+            "kvdrain: receive not completed %s",
+            json.dumps(line, separators=(",", ":")),
+        )
+
     def _released(
         self, rid: str, groups: list[list[int]], report: DecodeReport, how: str
     ) -> None:
+        story = self._outcome.pop(rid, None) or {"outcome": "failed_by_vllm"}
+        story.update(released_ms=self._now, release=how, blocks=self._blocks.get(rid, 0))
+        self._story(rid, story)
         self._end(rid)
         report.count(f"releases_{how}")
         mine = self._invalid.pop(rid, None)
@@ -359,6 +414,7 @@ class DecodeSide:
 
     def _track(self, rid: str, phase: Phase, groups: list[list[int]]) -> None:
         self._phase[rid] = phase
+        self._tracked_at[rid] = self._now
         n = self._blocks[rid] = sum(len(g) for g in groups)
         if phase == "waiting":
             self._waiting_since[rid] = self._now
@@ -372,6 +428,7 @@ class DecodeSide:
         self._phase[rid] = phase
 
     def _end(self, rid: str) -> None:
+        self._tracked_at.pop(rid, None)
         if self._phase.pop(rid) == "waiting":
             del self._waiting_since[rid]
             self._blocks.pop(rid)

@@ -77,6 +77,7 @@ EXPECTED: Signatures = {
         "_send_heartbeats": ("self", "metadata"),
         "_do_send_reg_notif": ("self", "req_id", "reg_data"),
         "_pop_done_transfers": ("self", "transfers"),
+        "shutdown": ("self",),
     },
 }
 

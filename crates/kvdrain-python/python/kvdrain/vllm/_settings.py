@@ -32,12 +32,19 @@ class Settings:
     ``settle_ms``: how long a failed request's blocks stay fenced after its last failure
     notice (a write that errored after posting may still land); ``kvdrain_settle_ms``.
     ``capacity``: requests one rank tracks at once (``kvdrain_capacity``).
+    ``record_dir``: where each decode rank's flight recorder writes its ledger inputs as
+    a replay trace (``kvdrain_record_dir``; ``None``, the default, records nothing);
+    ``record_max_bytes`` (``kvdrain_record_max_bytes``, 64 MiB) and ``record_files``
+    (``kvdrain_record_files``, 4) bound it: see :mod:`kvdrain.vllm._recorder`.
     """
 
     deadline_ms: int
     quarantine_ms: int
     settle_ms: int
     capacity: int
+    record_dir: str | None = None
+    record_max_bytes: int = 64 << 20
+    record_files: int = 4
 
 
 def _int(extra: Mapping[str, Any], key: str, default: int) -> int:
@@ -51,6 +58,15 @@ def _int(extra: Mapping[str, Any], key: str, default: int) -> int:
     if number < 0:
         raise ConfigError(f"{key} must not be negative, got {number}")
     return number
+
+
+def _path(extra: Mapping[str, Any], key: str) -> str | None:
+    value = extra.get(key)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{key} must be a directory path, got {value!r}")
+    return value
 
 
 def settings_from_extra_config(extra: Mapping[str, Any] | None) -> Settings:
@@ -68,12 +84,17 @@ def settings_from_extra_config(extra: Mapping[str, Any] | None) -> Settings:
         quarantine_ms=_int(extra, "kvdrain_quarantine_ms", 2 * lease_s * 1000),
         settle_ms=_int(extra, "kvdrain_settle_ms", 5_000),
         capacity=_int(extra, "kvdrain_capacity", 4096),
+        record_dir=_path(extra, "kvdrain_record_dir"),
+        record_max_bytes=_int(extra, "kvdrain_record_max_bytes", 64 << 20),
+        record_files=_int(extra, "kvdrain_record_files", 4),
     )
     if settings.quarantine_ms <= lease_s * 1000:
         raise ConfigError(
             f"kvdrain_quarantine_ms={settings.quarantine_ms} must be above the producers' "
             f"kv_lease_duration ({lease_s} s): a producer may write until its lease ends"
         )
+    if settings.record_files == 0:
+        raise ConfigError("kvdrain_record_files must be at least 1")
     if settings.deadline_ms == 0 or settings.capacity == 0:
         raise ConfigError("kvdrain_deadline_ms and kvdrain_capacity must be at least 1")
     return settings

@@ -107,7 +107,12 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
     ) -> None:
         """The plugin's state, once vLLM's constructor has run (``clock``: monotonic
         seconds): the two sides, and the NIXL agent behind the tap."""
-        self.kvdrain_decode = DecodeSide(settings, world_size=self.world_size, clock=clock)
+        self.kvdrain_decode = DecodeSide(
+            settings,
+            world_size=self.world_size,
+            clock=clock,
+            name=f"{self.engine_id}-tp{self.tp_rank}",
+        )
         self.kvdrain_prefill = PrefillSide(settings, self.kvdrain_decode.now_ms)
         self._kvdrain_late: set[str] = set()
         stats = KvdrainStats()
@@ -179,6 +184,12 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.kvdrain_decode.drop_reported(super().get_block_ids_with_load_errors())
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        decode: DecodeSide | None = getattr(self, "kvdrain_decode", None)
+        if decode is not None:
+            decode.close()  # the flight recorder's file, if recording
 
     def _cleanup_remote_engine(self, engine_id: str, *, log_eviction: bool = True) -> None:
         with self._handshake_lock:
