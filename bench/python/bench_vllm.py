@@ -2,7 +2,9 @@
 worker classes (vLLM's ``NixlPushConnectorWorker`` and the plugin's ``KvdrainPushWorker``,
 built as the scenario suite builds them, with a fake NIXL agent).
 
-Three figures per path, median of ``--repeat`` rounds:
+Three paths: vLLM's, the plugin's, and the plugin's with its flight recorder on
+(``kvdrain_record_dir``, writing to a temporary directory). Three figures per path,
+median of ``--repeat`` rounds:
 
 * **step**: one engine step's ``get_transfer_results()`` with ``--pending`` receives
   outstanding and nothing arriving (what every step pays);
@@ -20,6 +22,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -51,7 +54,10 @@ def metadata(ids: list[str]) -> NixlConnectorMetadata:
     return meta
 
 
-def worker(which: str, capacity: int) -> object:
+RECORDING = "plugin+recorder"
+
+
+def worker(which: str, capacity: int, record_dir: str | None = None) -> object:
     cfg = harness.vllm_config(which, tp=1)
     return harness.make_worker(
         which,
@@ -63,12 +69,14 @@ def worker(which: str, capacity: int) -> object:
         remote_tp=1,
         remote_agents={(0, 0): "P0"},
         clock=harness.Clock(),
-        settings=Settings(480_000, 60_000, 5_000, capacity),
+        settings=Settings(480_000, 60_000, 5_000, capacity, record_dir=record_dir),
     )
 
 
-def measure(which: str, batch: int, pending: int, repeat: int) -> dict[str, float]:
-    w = worker(which, capacity=pending + batch + 16)
+def measure(
+    which: str, batch: int, pending: int, repeat: int, record_dir: str | None = None
+) -> dict[str, float]:
+    w = worker(which, capacity=pending + batch + 16, record_dir=record_dir)
     # Requests that stay outstanding for the whole run (never completed).
     w.start_load_kv(metadata([f"idle-{i}" for i in range(pending)]))
     step_ns: list[float] = []
@@ -108,18 +116,21 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=30)
     a = ap.parse_args()
     out = {}
-    for which in (harness.CONTROL, harness.PLUGIN, harness.CONTROL, harness.PLUGIN):
-        out[which] = measure(which, a.batch, a.pending, a.repeat)  # the second measurement of each is kept (the first warms up)
+    with tempfile.TemporaryDirectory() as record_dir:
+        for _ in range(2):  # the second measurement of each is kept (the first warms up)
+            out[harness.CONTROL] = measure(harness.CONTROL, a.batch, a.pending, a.repeat)
+            out[harness.PLUGIN] = measure(harness.PLUGIN, a.batch, a.pending, a.repeat)
+            out[RECORDING] = measure(harness.PLUGIN, a.batch, a.pending, a.repeat, record_dir)
     print(f"vLLM 0.33.0 push worker, batch {a.batch}, {a.pending} receives pending, "
           f"median of {a.repeat}")
-    print(f"{'':28}{'vLLM 0.33':>12}{'plugin':>12}{'plugin/vLLM':>14}")
+    print(f"{'':28}{'vLLM 0.33':>12}{'plugin':>12}{'plugin/vLLM':>14}{'+recorder':>12}{'rec/plugin':>12}")
     for key, label in (
         ("step_us", "engine step (us)"),
         ("notification_us", "per notification (us)"),
         ("registration_us", "per registration (us)"),
     ):
-        c, p = out[harness.CONTROL][key], out[harness.PLUGIN][key]
-        print(f"{label:28}{c:12.2f}{p:12.2f}{p / c:13.2f}x")
+        c, p, r = out[harness.CONTROL][key], out[harness.PLUGIN][key], out[RECORDING][key]
+        print(f"{label:28}{c:12.2f}{p:12.2f}{p / c:13.2f}x{r:12.2f}{r / p:11.2f}x")
 
 
 if __name__ == "__main__":

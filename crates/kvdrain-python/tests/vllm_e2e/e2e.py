@@ -71,7 +71,8 @@ class EngineProc:
             env=env,
         )
         self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         self._ready_s = ready_s
         self._ready = False
 
@@ -140,6 +141,14 @@ class EngineProc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+        # The process is gone: its stdout reaches EOF, the reader stops, the pipes close.
+        self._reader.join(timeout=10)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass  # a broken stdin pipe of a killed engine
         self._log.close()
 
 

@@ -39,10 +39,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 from kvdrain._kvdrain import Decision, Ledger
 
@@ -54,9 +55,16 @@ MAX_NAME = 256
 """The longest request id or agent name a trace may hold (bytes)."""
 
 
+_WORD = re.compile(r"\S+")
+_SINGLE = (bytes, bytearray, memoryview, str)
+_PLAIN = re.compile(rb"[\x20-\x5b\x5d-\x7e]*")
+
+
 def escape_notification(message: bytes) -> str:
     """``message`` as a trace's ``notify`` BYTES: printable ASCII as is, ``\\`` as
     ``\\\\``, every other byte (line ends included) as ``\\xNN``."""
+    if _PLAIN.fullmatch(message):
+        return message.decode("ascii")  # every vLLM notice: REQ:TP, PUSH_FAIL:REQ:TP
     out = []
     for b in message:
         if b == 0x5C:
@@ -70,7 +78,7 @@ def escape_notification(message: bytes) -> str:
 
 def _word(name: str) -> bool:
     """Whether ``name`` can stand as a trace word (REQ, AGENT)."""
-    return 0 < len(name.encode()) <= MAX_NAME and not any(c.isspace() for c in name)
+    return _WORD.fullmatch(name) is not None and len(name.encode()) <= MAX_NAME
 
 
 def decision_line(d: Decision) -> str:
@@ -100,6 +108,10 @@ class FlightRecorder:
         self.max_bytes = max(max_bytes, 4096)
         self.files = max(files, 1)
         self.now = 0
+        # A clock move that decided nothing is written only when something follows it
+        # (an idle engine step costs no line); a later move replaces it.
+        self._pending_at = False
+        self._dirty = False
         self.arrival: int | None = None
         self.rotations = 0
         self.unrecordable = 0
@@ -109,6 +121,7 @@ class FlightRecorder:
         self._open()
 
     def _open(self) -> None:
+        self._pending_at = False  # restated below, after the config line
         if self.path.exists():
             self._shift()
         self._file = self.path.open("w", encoding="utf-8", newline="\n")
@@ -116,6 +129,7 @@ class FlightRecorder:
         # line 1 is the config (a part replays alone); drop it to join parts.
         self._write(f"{self.config}\n# kvdrain flight recorder, part {self.rotations}\n")
         if self.now:
+            self._pending_at = False
             self._write(f"at {self.now}\n")
         # Arrivals are sticky in the ledger: the next part restates the latest one.
         if self.arrival is not None:
@@ -134,8 +148,12 @@ class FlightRecorder:
 
     def _write(self, text: str) -> None:
         assert self._file is not None
+        if self._pending_at:
+            self._pending_at = False
+            self._file.write(f"at {self.now}\n")
         self._file.write(text)
         self._size += len(text)
+        self._dirty = True
 
     def _rotate_if_full(self) -> None:
         if self._size >= self.max_bytes and self._file is not None:
@@ -143,11 +161,14 @@ class FlightRecorder:
             self.rotations += 1
             self._open()
 
-    def at(self, now: int) -> None:
+    def at(self, now: int, decided: bool) -> None:
+        """The clock moved to ``now``; ``decided``: the move took decisions (they are
+        written next), so the line cannot wait."""
         if now != self.now:
             self.now = now
-            self._write(f"at {now}\n")
-            self._rotate_if_full()
+            self._pending_at = True
+            if decided:
+                self._write("")
 
     def register(self, rid: str, expect: int | list[str]) -> None:
         if isinstance(expect, int):
@@ -160,7 +181,7 @@ class FlightRecorder:
             return
         self._write(f"register {rid} {spec}\n")
 
-    def feed(self, batch: Mapping[str, Iterable[bytes]], arrival: int | None) -> None:
+    def feed(self, batch: Mapping[str, Iterable[object]], arrival: int | None) -> None:
         if arrival is not None and (self.arrival is None or arrival > self.arrival):
             self.arrival = arrival
             self._write(f"arrival {arrival}\n")
@@ -168,8 +189,13 @@ class FlightRecorder:
             if not _word(agent):
                 self._skip(f"notices from agent {agent!r}")
                 continue
-            for m in messages:
-                self._write(f"notify {agent} {escape_notification(bytes(m))}\n")
+            head = f"notify {agent} "
+            # The ledger feeds bytes only (the rest it counts as not_bytes).
+            self._write(
+                "".join(
+                    f"{head}{escape_notification(m)}\n" for m in messages if isinstance(m, bytes)
+                )
+            )
 
     def command(self, verb: str, name: str) -> None:
         if _word(name):
@@ -182,12 +208,15 @@ class FlightRecorder:
             self._write(f"# => {decision_line(d)}\n")
 
     def flush(self) -> None:
-        if self._file is not None:
+        if self._file is not None and self._dirty:
+            self._dirty = False
             self._file.flush()
             self._rotate_if_full()
 
     def close(self) -> None:
         if self._file is not None:
+            if self._pending_at:
+                self._write("")  # the last clock move: a replay ends at the same time
             self._file.close()
             self._file = None
 
@@ -222,7 +251,15 @@ class RecordingLedger:
     def feed(
         self, notifs: Mapping[str, Iterable[bytes]], now_ms: int | None = None
     ) -> list[tuple[str, bytes]]:
-        batch = {agent: [bytes(m) for m in ms] for agent, ms in notifs.items()}
+        # Read once, fed and written: a list as is; a bytes-like or str value is one
+        # message, as the ledger reads it.
+        batch = cast(
+            "dict[str, list[bytes]]",
+            {
+                agent: ms if isinstance(ms, list) else [ms] if isinstance(ms, _SINGLE) else list(ms)
+                for agent, ms in notifs.items()
+            },
+        )
         with self._lock:
             back = self.inner.feed(batch, now_ms=now_ms)
             self.recorder.feed(batch, now_ms)
@@ -244,7 +281,7 @@ class RecordingLedger:
         with self._lock:
             ready = self._ready()
             moved = self.inner.advance(now_ms)
-            self.recorder.at(now_ms)
+            self.recorder.at(now_ms, bool(moved))
             self.recorder.decisions(moved)
             self.recorder.flush()
         return ready + moved
