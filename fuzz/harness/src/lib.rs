@@ -1,6 +1,6 @@
 //! The fuzz harnesses of kvdrain and the reference model they check the core against.
 //!
-//! Each target in `fuzz/fuzz_targets/` is one line calling a function of this crate, so the
+//! Each target in `fuzz/targets/fuzz_targets/` is one line calling a function of this crate, so the
 //! harness logic builds and is linted with the rest of the workspace (and its unit tests run
 //! the committed seeds on stable), while libFuzzer stays in `fuzz/`. Everything here goes
 //! through the public API of `kvdrain` and `kvdrain-replay`: what the harnesses check is the
