@@ -2,8 +2,9 @@
 # Build the Python wheel of kvdrain and install it into the project-local virtualenv,
 # idempotently:
 #   1. .venv/ at the repository root (python3 -m venv), if missing;
-#   2. crates/kvdrain-python/requirements-dev.txt from PyPI (maturin, pytest, mypy, hypothesis),
-#      skipped while the file is unchanged since the last install;
+#   2. maturin, pytest, mypy and hypothesis from PyPI, at the versions of
+#      crates/kvdrain-python/constraints.txt, skipped while it is unchanged since the last
+#      install;
 #   3. the abi3 wheel (maturin build --release) into target/wheels-python/, installed
 #      into .venv over any earlier build;
 #   4. the `kvdrain` binary (release), which the replay-agreement test calls.
@@ -16,17 +17,21 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 venv="$root/.venv"
 wheels="$root/target/wheels-python"
-reqs="$root/crates/kvdrain-python/requirements-dev.txt"
+constraints="$root/crates/kvdrain-python/constraints.txt"
 
 if [[ ! -x "$venv/bin/python" ]]; then
     log "creating $venv"
     "${PYTHON:-python3}" -m venv "$venv"
 fi
 stamp="$venv/.kvdrain-dev-requirements"
-if ! cmp -s "$reqs" "$stamp"; then
-    log "installing $(grep -v '^#' "$reqs" | tr '\n' ' ')"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$reqs"
-    cp "$reqs" "$stamp"
+if ! cmp -s "$constraints" "$stamp"; then
+    log "installing maturin, pytest, mypy, hypothesis"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" \
+        maturin \
+        pytest \
+        mypy \
+        hypothesis
+    cp "$constraints" "$stamp"
 fi
 
 log "building the wheel"

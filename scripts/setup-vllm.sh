@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The vLLM test environment, idempotently:
 #   1. .venv-vllm/ at the repository root (python3 -m venv), if missing;
-#   2. crates/kvdrain-python/requirements-vllm.txt (vllm==0.33.0, nixl, pytest) from PyPI,
-#      skipped while the file is unchanged since the last install (stamp file);
+#   2. vllm, nixl, pytest and mypy from PyPI, at the versions of
+#      crates/kvdrain-python/constraints.txt, skipped while it is unchanged since the last
+#      install (stamp file);
 #   3. the kvdrain wheel that `make python` builds (target/wheels-python/), installed
 #      over any earlier copy.
 # Works from any cwd. PYTHON picks the interpreter that creates the venv (default python3).
@@ -13,18 +14,22 @@ log() { printf '[setup-vllm] %s\n' "$*"; }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 venv="$root/.venv-vllm"
-reqs="$root/crates/kvdrain-python/requirements-vllm.txt"
+constraints="$root/crates/kvdrain-python/constraints.txt"
 
 if [[ ! -x "$venv/bin/python" ]]; then
     log "creating $venv"
     "${PYTHON:-python3}" -m venv "$venv"
 fi
 stamp="$venv/.kvdrain-vllm-requirements"
-if ! cmp -s "$reqs" "$stamp"; then
-    log "installing $(grep -v '^#' "$reqs" | tr '\n' ' ')(several GB, minutes)"
+if ! cmp -s "$constraints" "$stamp"; then
+    log "installing vllm, nixl, pytest, mypy (several GB, minutes)"
     start=$(date +%s)
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$reqs"
-    cp "$reqs" "$stamp"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" \
+        vllm \
+        nixl \
+        pytest \
+        mypy
+    cp "$constraints" "$stamp"
     log "installed in $(( $(date +%s) - start )) s"
 fi
 
