@@ -12,7 +12,7 @@
 
 use kvdrain::producer::{Topology, WriteShape};
 
-use crate::pool::BlockLayout;
+use crate::block_layout::BlockLayout;
 
 /// One contiguous copy: `len` bytes from local `src` to remote `dst`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use crate::pool::BlockLayout;
+use crate::block_layout::BlockLayout;
 
 /// One consumer rank, as a producer sees it after the handshake.
 #[derive(Clone, Debug, PartialEq, Eq)]

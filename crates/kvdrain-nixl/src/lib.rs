@@ -20,7 +20,8 @@
 //! | [`directory`] | (re-export from `kvdrain-driver`) producer agent names ↔ `AgentId`s |
 //! | [`handshake`] | what P needs to write into a D rank, and where it comes from |
 //! | [`descriptors`] | the byte spans of one WRITE |
-//! | [`pool`] | DRAM KV block pools (tests, demo) |
+//! | [`block_layout`] | where a rank's KV blocks are (published in the handshake, registered with NIXL) |
+//! | `pool` | DRAM KV block pools for the testbed, the demo and the experiments (feature `testbed`) |
 //! | [`metrics`] | one `prometheus-client` registry type (vLLM-style names), the latency's HDR histogram |
 //! | `testbed` | P(TP=n) → D(TP=1) on real NIXL in one process, for tests and the demo (feature `testbed`, off by default) |
 //!
@@ -33,11 +34,13 @@
 //! `gone`, `fence`, `transfer`, `deadline`, `quarantine`). Disabled levels cost one cached check.
 
 pub mod agent;
+pub mod block_layout;
 pub mod consumer;
 pub mod descriptors;
 pub mod handshake;
 pub mod loader;
 pub mod metrics;
+#[cfg(feature = "testbed")]
 pub mod pool;
 pub mod producer;
 #[cfg(feature = "testbed")]

@@ -1,38 +1,15 @@
-//! A pool of equal-sized KV blocks in host memory (DRAM) that remote agents may write.
+//! A pool of equal-sized KV blocks in host memory (DRAM) that remote agents may write, for
+//! the testbed, the demo and the experiments (feature `testbed`).
 //!
-//! Engines register their own KV cache; tests and the demo use [`DramPool`]. The memory is
+//! Engines register their own KV cache and describe it with a
+//! [`BlockLayout`](crate::block_layout::BlockLayout); tests and the demo use [`DramPool`]. The memory is
 //! atomics because a NIXL peer writes it behind Rust's back: reading a block is only
 //! meaningful once the core said its writes landed (`completed`), but it is never undefined
 //! behaviour.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::agent::DramRegion;
-
-/// Where a pool's blocks are: `num_blocks` blocks of `block_len` bytes from `base`. This is
-/// what a consumer rank publishes in its handshake so producers can address its blocks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BlockLayout {
-    /// Address of block 0.
-    pub base: usize,
-    /// Bytes per block.
-    pub block_len: usize,
-    /// Number of blocks.
-    pub num_blocks: usize,
-}
-
-impl BlockLayout {
-    /// Address of block `id`, or `None` outside the pool.
-    pub fn addr(&self, id: u64) -> Option<usize> {
-        let id = usize::try_from(id).ok().filter(|&i| i < self.num_blocks)?;
-        Some(self.base + id * self.block_len)
-    }
-
-    /// The whole pool as one region.
-    pub fn region(&self) -> DramRegion {
-        DramRegion::new(self.base, self.block_len * self.num_blocks)
-    }
-}
+use crate::block_layout::BlockLayout;
 
 /// `num_blocks` blocks of `block_len` bytes (a multiple of 8), zeroed.
 #[derive(Debug)]

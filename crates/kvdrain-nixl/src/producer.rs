@@ -10,8 +10,8 @@ use kvdrain_driver::producer::{ProducerDriver, ProducerEvent};
 use nixl_sys::XferRequest;
 
 use crate::agent::{AgentError, UcxAgent};
+use crate::block_layout::BlockLayout;
 use crate::handshake::Handshake;
-use crate::pool::BlockLayout;
 use crate::transport::{NixlProducerTransport, ProducerLinkState};
 
 pub use crate::transport::{Fault, FaultInjector};

@@ -11,11 +11,12 @@ use kvdrain::{BlockHandle, Config, Duration, Outstanding};
 use nixl_sys::AgentConfig;
 
 use crate::agent::{AgentError, UcxAgent};
+use crate::block_layout::BlockLayout;
 use crate::consumer::{
     BlockRelease, Consumer, ConsumerConfig, ConsumerError, ProducerEngine, PushedRequest,
 };
 use crate::handshake::{ConsumerRank, StaticHandshake};
-use crate::pool::{BlockLayout, DramPool};
+use crate::pool::DramPool;
 use crate::producer::{ProducerConfig, Pusher, SourceBlocks};
 
 /// Requests a testbed consumer tracks at once.

@@ -25,9 +25,9 @@ use kvdrain_driver::transport::{
 use nixl_sys::{MemType, NixlError, OptArgs, XferDescList, XferOp, XferRequest, XferStatus};
 
 use crate::agent::{AgentError, UcxAgent};
+use crate::block_layout::BlockLayout;
 use crate::descriptors;
 use crate::handshake::Handshake;
-use crate::pool::BlockLayout;
 
 /// A fault to inject into one edge (tests and the demo's failure rate). Both are real NIXL
 /// failures, not simulations.

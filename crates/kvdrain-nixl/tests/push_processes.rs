@@ -14,9 +14,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use kvdrain_nixl::block_layout::BlockLayout;
 use kvdrain_nixl::handshake::{ConsumerRank, StaticHandshake};
 use kvdrain_nixl::loader::require_nixl_or_skip;
-use kvdrain_nixl::pool::BlockLayout;
 use kvdrain_nixl::producer::{Fault, FaultInjector};
 use kvdrain_nixl::testbed::{
     ConsumerSide, D_ENGINE, ProducerSide, Recorder, Testbed, TestbedConfig, from_hex, to_hex,
