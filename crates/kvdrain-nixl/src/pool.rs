@@ -2,7 +2,7 @@
 //! the testbed, the demo and the experiments (feature `testbed`).
 //!
 //! Engines register their own KV cache and describe it with a
-//! [`BlockLayout`](crate::block_layout::BlockLayout); tests and the demo use [`DramPool`]. The memory is
+//! [`BlockLayout`]; tests and the demo use [`DramPool`]. The memory is
 //! atomics because a NIXL peer writes it behind Rust's back: reading a block is only
 //! meaningful once the core said its writes landed (`completed`), but it is never undefined
 //! behaviour.
