@@ -13,8 +13,9 @@
 //!   from traffic; a sender nobody introduced is [`AgentId::STRANGER`] and matches no
 //!   edge.
 //! * **Registration**: the edges of this rank come from the producer engine's topology
-//!   ([`Topology::producers_of`]); named edges when every producer is named and they fit
-//!   `E`, vLLM's count (`pp × max(1, P_tp / D_tp)`) otherwise or when the caller asks for it
+//!   ([`Topology::producers_of`](kvdrain::producer::Topology::producers_of)); named edges
+//!   when every producer is named and they fit `E`, vLLM's count
+//!   (`pp × max(1, P_tp / D_tp)`) otherwise or when the caller asks for it
 //!   ([`EdgeMode::Count`]). The request is tracked in the core **before** `PUSH_REG` goes
 //!   out, so no completion can beat its state.
 //! * **Heartbeats** carry P's request ids (`remote_request_id`), grouped per producer
@@ -49,286 +50,35 @@
 //! A transport whose drain fails leaves the rest of the round done: the poll reports the
 //! [`DrainError`] after lost producers were reported, the clock advanced (deadlines,
 //! quarantines and settle ends decided) and heartbeats sent.
+//!
+//! | file | concept |
+//! | --- | --- |
+//! | `mod.rs` | the driver, its two halves, lost and fenced producers, the round |
+//! | `config.rs` | [`ConsumerConfig`] and the producer engines it receives from ([`ProducerEngine`]) |
+//! | `events.rs` | what leaves it: [`ConsumerEvent`] and the [`PushedRequest`] it carries, [`PollReport`], [`ConsumerCounters`] |
+//! | `register.rs` | registration, step by step: [`PushRequest`] and [`EdgeMode`] in, [`Registered`] or [`ConsumerError`] out |
+//! | `heartbeat.rs` | the heartbeat schedule (F9) |
+//! | `state.rs` | what the driver keeps per request and per producer, and the decisions queued |
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+mod config;
+mod events;
+mod heartbeat;
+mod register;
+mod state;
+
 use std::sync::Arc;
 
-use kvdrain::producer::{Topology, TopologyError};
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, Config, Decision, Duration, Engine, Expect, Ignored, Ingest,
-    Instant, Ledger, Noticed, Outstanding, Pending, Quarantined, RegisterErrorKind, Registration,
-    RequestKey,
+    AbortError, AgentId, Engine, Ignored, Ingest, Instant, Ledger, Noticed, Quarantined,
 };
 
-use crate::PerRequest;
-use crate::directory::{AgentDirectory, DirectoryFull};
-use crate::registration::PushRegistration;
+use crate::directory::AgentDirectory;
 use crate::transport::{DrainError, GonePeer, Notification, Peer, SendError, Transport};
 
-/// This D rank.
-#[derive(Clone, Debug)]
-pub struct ConsumerConfig {
-    /// D's engine id.
-    pub engine_id: String,
-    /// D's side-channel host (sent in registrations).
-    pub host: String,
-    /// D's side-channel port.
-    pub port: u16,
-    /// This rank.
-    pub tp_rank: u16,
-    /// D's TP size.
-    pub tp_size: u16,
-    /// The producers' lease: heartbeats go out every `lease / 6` (vLLM).
-    pub lease: Duration,
-    /// The core's settings (capacity, default deadline, quarantine).
-    pub ledger: Config,
-}
-
-impl ConsumerConfig {
-    /// How often heartbeats go out: `lease / 6` (vLLM), at least 1 ms.
-    pub fn heartbeat_interval(&self) -> Duration {
-        Duration::from_millis((self.lease.millis() / 6).max(1))
-    }
-}
-
-/// A producer engine as D knows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProducerEngine {
-    /// P's engine id.
-    pub engine_id: String,
-    /// P's side-channel host.
-    pub host: String,
-    /// P's side-channel port.
-    pub port: u16,
-    /// P's TP size.
-    pub tp_size: u16,
-    /// P's PP size.
-    pub pp_size: u16,
-    /// MLA (the latent is replicated to every consumer rank).
-    pub mla: bool,
-    /// Agent names, index `pp_stage * tp_size + tp_rank`.
-    pub agents: Vec<String>,
-}
-
-/// What the driver remembers of a registered request; carried by every event.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PushedRequest {
-    /// The core's key.
-    pub key: RequestKey,
-    /// D's request id.
-    pub id: String,
-    /// The producer engine.
-    pub producer_engine: String,
-    /// P's request id (named in heartbeats).
-    pub remote_request_id: String,
-    /// The producer agents this rank waits for, in edge order.
-    pub producers: PerRequest<String>,
-    /// When it was registered (the driver's clock).
-    pub registered_at: Instant,
-}
-
-impl PushedRequest {
-    /// The producers still owing a write in `outstanding` (named-edge mode; none when
-    /// counting).
-    pub fn owing(&self, outstanding: Outstanding) -> impl Iterator<Item = &str> + '_ {
-        let bits = match outstanding {
-            Outstanding::Edges(bits) => bits,
-            Outstanding::Count(_) => 0,
-        };
-        self.producers
-            .iter()
-            .enumerate()
-            .filter(move |&(i, _)| i < 64 && bits & (1 << i) != 0)
-            .map(|(_, p)| p.as_str())
-    }
-}
-
-/// A decision for the engine.
-#[derive(Debug, PartialEq, Eq)]
-pub enum ConsumerEvent {
-    /// `completed`: every write landed; the blocks now belong to the running request.
-    Decode {
-        /// The request.
-        request: PushedRequest,
-        /// Its blocks.
-        blocks: BlockHandle,
-    },
-    /// `failed`: apply the KV load failure policy now; `Release` follows.
-    Failed {
-        /// The request.
-        request: PushedRequest,
-    },
-    /// `expired`: the deadline passed with `outstanding` writes owed; the blocks come back
-    /// later through `Release`.
-    Expired {
-        /// The request.
-        request: PushedRequest,
-        /// What was still owed.
-        outstanding: Outstanding,
-    },
-    /// The blocks of a request that did not complete are safe to reuse. `forced`: the
-    /// quarantine ran out with writes outstanding.
-    Release {
-        /// The request.
-        request: PushedRequest,
-        /// Its blocks.
-        blocks: BlockHandle,
-        /// Released by the quarantine.
-        forced: bool,
-    },
-}
-
-/// A request the engine wants pushed into this rank.
-#[derive(Debug)]
-pub struct PushRequest<'a> {
-    /// D's request id.
-    pub id: &'a str,
-    /// The producer engine (added with [`ConsumerDriver::add_producer_engine`]).
-    pub producer_engine: &'a str,
-    /// P's request id (for heartbeats).
-    pub remote_request_id: &'a str,
-    /// Router pairing key, if any.
-    pub transfer_id: Option<&'a str>,
-    /// The engine's handle on the destination blocks.
-    pub blocks: BlockHandle,
-    /// D's logical block ids per KV-cache group (uncached suffix), as sent in `PUSH_REG`.
-    pub block_ids: Vec<Vec<u64>>,
-    /// How long from its registration it may wait; `None` uses the ledger's default
-    /// ([`Config::deadline`](kvdrain::Config::deadline)).
-    pub deadline: Option<Duration>,
-}
-
-/// How a registration's edges are counted.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum EdgeMode {
-    /// Named edges when every producer of the rank is named and they fit `E`; vLLM's
-    /// count otherwise (the default: [`ConsumerEngine::register`]).
-    #[default]
-    Named,
-    /// vLLM's count (`pp × max(1, P_tp / D_tp)`) even when every producer is named: for
-    /// a deployment that wants vLLM's semantics exactly, and for the simulator, which
-    /// exercises both modes.
-    Count,
-}
-
-/// A registration that is being tracked.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Registered {
-    /// The core's key.
-    pub key: RequestKey,
-    /// Producer agents the `PUSH_REG` could not be sent to (F6). Their edges stay
-    /// outstanding until the deadline: the engine may abort.
-    pub unreached: Vec<String>,
-}
-
-/// What one [`ConsumerDriver::poll`] did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PollReport {
-    /// Notifications drained.
-    pub notifications: usize,
-    /// Decisions queued.
-    pub decisions: usize,
-}
-
-/// Failure of a consumer operation.
-#[derive(Debug, thiserror::Error)]
-pub enum ConsumerError {
-    /// [`PushRequest::producer_engine`] was never added.
-    #[error("unknown producer engine {0:?}")]
-    UnknownEngine(String),
-    /// The producer/consumer shapes do not fit.
-    #[error("producer engine {engine:?} cannot write consumer rank {rank}: {source}")]
-    Topology {
-        /// Producer engine.
-        engine: String,
-        /// This rank.
-        rank: u16,
-        /// Why.
-        #[source]
-        source: TopologyError,
-    },
-    /// Too many producer agents.
-    #[error(transparent)]
-    Directory(#[from] DirectoryFull),
-    /// The core refused the registration; the blocks come back unchanged.
-    #[error("registration of {id:?} refused: {kind:?}")]
-    Rejected {
-        /// D's request id.
-        id: String,
-        /// Why.
-        kind: RegisterErrorKind,
-        /// The engine's blocks, handed back.
-        blocks: BlockHandle,
-    },
-}
-
-/// Counters of a consumer rank (the core keeps its own).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ConsumerCounters {
-    /// Notifications drained.
-    pub notifications: u64,
-    /// Notifications from agents never introduced.
-    pub from_strangers: u64,
-    /// `PUSH_REG` sent.
-    pub registrations_sent: u64,
-    /// `PUSH_REG` sends that failed (F6).
-    pub registrations_failed: u64,
-    /// `HB:` sent.
-    pub heartbeats_sent: u64,
-    /// `HB:` sends that failed.
-    pub heartbeats_failed: u64,
-    /// Producers found disconnected (a failed send, the transport's report), each
-    /// reported gone to the core.
-    pub disconnects: u64,
-    /// Producers reported gone to the core (disconnects and
-    /// [`ConsumerEngine::gone`]).
-    pub gones: u64,
-    /// Named edges those reports resolved (they settle).
-    pub gone_edges: u64,
-    /// Producers fenced ([`ConsumerEngine::fence`]: nothing more can land).
-    pub fences: u64,
-    /// Named edges those fences resolved.
-    pub fenced_edges: u64,
-}
-
-#[derive(Debug)]
-struct InFlight {
-    request: PushedRequest,
-    /// Until the decision (F9).
-    heartbeat: bool,
-    /// Until decided or aborted.
-    ticket: Option<Pending>,
-}
-
-/// What the engine half keeps between calls.
-#[derive(Debug)]
-struct EngineState {
-    config: ConsumerConfig,
-    /// Shared with each registration that sends to the engine's agents (no copy of the
-    /// names per request).
-    engines: HashMap<String, Arc<ProducerEngine>>,
-    inflight: HashMap<RequestKey, InFlight>,
-    by_id: HashMap<String, RequestKey>,
-    /// Producers found gone (or fenced): nothing is sent to them until their engine is
-    /// added again.
-    disconnected: HashSet<String>,
-    /// Producers whose send failed with `PeerGone` since the last poll, reported gone to
-    /// the core at the start of the next one: a send returns only once it has failed,
-    /// later than the clock of the round that made it, and the core settles a gone from
-    /// its clock, so the report takes the next round's clock, which comes after it.
-    send_failed: Vec<String>,
-    last_heartbeat: Instant,
-    now: Instant,
-    counters: ConsumerCounters,
-    events: VecDeque<ConsumerEvent>,
-}
-
-/// What the ingest half counts.
-#[derive(Debug, Default)]
-struct IngestState {
-    notifications: u64,
-    from_strangers: u64,
-}
+pub use config::{ConsumerConfig, ProducerEngine};
+pub use events::{ConsumerCounters, ConsumerEvent, PollReport, PushedRequest};
+pub use register::{ConsumerError, EdgeMode, PushRequest, Registered};
+use state::{EngineState, IngestState};
 
 /// The consumer driver of one D rank. `N`: requests tracked at once (a power of two); `E`:
 /// named producers per request.
@@ -402,18 +152,7 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
             ledger: Box::new(Ledger::new(config.ledger)),
             directory: AgentDirectory::default(),
             ingest: IngestState::default(),
-            state: EngineState {
-                config,
-                engines: HashMap::new(),
-                inflight: HashMap::with_capacity(N),
-                by_id: HashMap::with_capacity(N),
-                disconnected: HashSet::new(),
-                send_failed: Vec::new(),
-                last_heartbeat: Instant::ZERO,
-                now: Instant::ZERO,
-                counters: ConsumerCounters::default(),
-                events: VecDeque::with_capacity(N),
-            },
+            state: EngineState::new(config, N),
             inbox: Vec::new(),
         }
     }
@@ -453,7 +192,7 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     /// engine; a re-added agent is no longer treated as disconnected.
     ///
     /// # Errors
-    /// [`DirectoryFull`] if the names do not fit.
+    /// [`ConsumerError::Directory`] if the names do not fit.
     pub fn add_producer_engine(
         &mut self,
         engine: ProducerEngine,
@@ -546,142 +285,6 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
 }
 
 impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
-    /// Tracks `request` in the core, then sends `PUSH_REG` to every agent of its producer
-    /// engine.
-    ///
-    /// # Errors
-    /// [`ConsumerError`]; on [`ConsumerError::Rejected`] the blocks come back and nothing
-    /// was sent.
-    pub fn register<T: Transport>(
-        &mut self,
-        transport: &mut T,
-        request: PushRequest<'_>,
-        now: Instant,
-    ) -> Result<Registered, ConsumerError> {
-        self.register_with(transport, request, EdgeMode::Named, now)
-    }
-
-    /// [`register`](Self::register), counting the edges as `mode` says.
-    ///
-    /// # Errors
-    /// As [`register`](Self::register).
-    pub fn register_with<T: Transport>(
-        &mut self,
-        transport: &mut T,
-        request: PushRequest<'_>,
-        mode: EdgeMode,
-        now: Instant,
-    ) -> Result<Registered, ConsumerError> {
-        let _span = tracing::debug_span!("register", req = request.id).entered();
-        let st = &mut *self.state;
-        st.now = st.now.max(now);
-        let Some(engine) = st.engines.get(request.producer_engine) else {
-            return Err(ConsumerError::UnknownEngine(
-                request.producer_engine.to_owned(),
-            ));
-        };
-        let topology = Topology {
-            p_tp: engine.tp_size,
-            p_pp: engine.pp_size,
-            d_tp: st.config.tp_size,
-            mla: engine.mla,
-        };
-        let topology_error = |source| ConsumerError::Topology {
-            engine: engine.engine_id.clone(),
-            rank: st.config.tp_rank,
-            source,
-        };
-        topology.validate().map_err(topology_error)?;
-        let producers: PerRequest<String> = topology
-            .producers_of(st.config.tp_rank)
-            .filter_map(|(stage, tp)| {
-                let i = usize::from(stage) * usize::from(engine.tp_size) + usize::from(tp);
-                engine.agents.get(i).cloned()
-            })
-            .collect();
-        if producers.is_empty() {
-            return Err(topology_error(TopologyError::RankOutOfRange));
-        }
-        let ids: PerRequest<AgentId> = producers
-            .iter()
-            .map(|p| self.directory.id_or_stranger(p))
-            .collect();
-        let expected = topology.expected_per_consumer_rank();
-        // Named edges when every producer is named and they fit; vLLM's counting otherwise.
-        let expect = if mode == EdgeMode::Named
-            && ids.len() <= E
-            && ids.len() as u32 == expected
-            && !ids.contains(&AgentId::STRANGER)
-        {
-            Expect::Edges(&ids)
-        } else {
-            Expect::Count(u8::try_from(expected).unwrap_or(u8::MAX))
-        };
-        let ticket = self
-            .engine
-            .register(Registration {
-                id: request.id,
-                blocks: request.blocks,
-                expect,
-                deadline: request.deadline,
-            })
-            .map_err(|e| ConsumerError::Rejected {
-                id: request.id.to_owned(),
-                kind: e.kind,
-                blocks: e.registration.blocks,
-            })?;
-        let key = ticket.key();
-        let registration = PushRegistration {
-            request_id: request.id.to_owned(),
-            decode_engine_id: st.config.engine_id.clone(),
-            decode_host: st.config.host.clone(),
-            decode_port: st.config.port,
-            decode_tp_size: st.config.tp_size,
-            local_block_ids: request.block_ids,
-            remote_engine_id: engine.engine_id.clone(),
-            remote_host: engine.host.clone(),
-            remote_port: engine.port,
-            remote_tp_size: engine.tp_size,
-            remote_pp_size: engine.pp_size,
-            transfer_id: request.transfer_id.map(str::to_owned),
-        }
-        .to_notification();
-        let engine = Arc::clone(engine);
-        st.by_id.insert(request.id.to_owned(), key);
-        st.inflight.insert(
-            key,
-            InFlight {
-                request: PushedRequest {
-                    key,
-                    id: request.id.to_owned(),
-                    producer_engine: request.producer_engine.to_owned(),
-                    remote_request_id: request.remote_request_id.to_owned(),
-                    producers,
-                    registered_at: st.now,
-                },
-                heartbeat: true,
-                ticket: Some(ticket),
-            },
-        );
-        let mut unreached = Vec::new();
-        for agent in &engine.agents {
-            if self.send(transport, agent, &registration) {
-                self.state.counters.registrations_sent += 1;
-            } else {
-                tracing::warn!(
-                    req = request.id,
-                    agent,
-                    cause = "registration_unsent",
-                    "PUSH_REG could not be sent"
-                );
-                self.state.counters.registrations_failed += 1;
-                unreached.push(agent.clone());
-            }
-        }
-        tracing::debug!(unreached = unreached.len(), "registered, PUSH_REG sent");
-        Ok(Registered { key, unreached })
-    }
-
     /// The engine gives up on request `id`: over for the client now, heartbeats stop, its
     /// blocks come back through [`ConsumerEvent::Release`] once no write can land.
     ///
@@ -791,16 +394,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         }
         let taken = self.take_ready();
         self.advance(self.state.now);
-        let interval = self.state.config.heartbeat_interval();
-        if self
-            .state
-            .now
-            .saturating_duration_since(self.state.last_heartbeat)
-            >= interval
-        {
-            self.state.last_heartbeat = self.state.now;
-            self.heartbeat(transport);
-        }
+        self.heartbeat_if_due(transport);
         taken
     }
 
@@ -829,7 +423,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     }
 
     /// Whether the core's table is full: a registration now would be refused
-    /// ([`RegisterErrorKind::Full`]).
+    /// ([`RegisterErrorKind::Full`](kvdrain::RegisterErrorKind::Full)).
     pub fn is_full(&self) -> bool {
         !self.engine.has_room()
     }
@@ -845,52 +439,10 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     pub fn next_timer(&self) -> Option<Instant> {
         let st = &*self.state;
         let gone = (!st.send_failed.is_empty()).then_some(st.now);
-        let heartbeat =
-            (!st.inflight.is_empty()).then(|| st.last_heartbeat + st.config.heartbeat_interval());
-        [gone, heartbeat, self.engine.next_timer()]
+        [gone, self.next_heartbeat(), self.engine.next_timer()]
             .into_iter()
             .flatten()
             .min()
-    }
-
-    /// `HB:` with P's request ids still waiting, per producer engine, to each of its agents.
-    fn heartbeat<T: Transport>(&mut self, transport: &mut T) {
-        let st = &*self.state;
-        // Engines in name order: the sends go out in the same order on every run.
-        let mut per_engine: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for f in st.inflight.values().filter(|f| f.heartbeat) {
-            let id = f.request.remote_request_id.as_str();
-            if !id.is_empty() && !id.contains(',') {
-                per_engine
-                    .entry(f.request.producer_engine.as_str())
-                    .or_default()
-                    .push(id);
-            }
-        }
-        let mut sends = Vec::new();
-        for (engine, mut ids) in per_engine {
-            let Some(engine) = st.engines.get(engine) else {
-                continue;
-            };
-            // The same bytes for the same requests, whatever the table's order.
-            ids.sort_unstable();
-            let len = 3 + ids.iter().map(|i| i.len() + 1).sum::<usize>();
-            let mut buf = vec![0; len];
-            let Ok(n) = kvdrain::wire::encode_heartbeat(ids.iter().copied(), &mut buf) else {
-                continue;
-            };
-            buf.truncate(n);
-            for agent in &engine.agents {
-                sends.push((agent.clone(), buf.clone()));
-            }
-        }
-        for (agent, msg) in sends {
-            if self.send(transport, &agent, &msg) {
-                self.state.counters.heartbeats_sent += 1;
-            } else {
-                self.state.counters.heartbeats_failed += 1;
-            }
-        }
     }
 
     /// Sends one notification; `false` if it could not be queued. A peer whose send
@@ -910,78 +462,6 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
                 false
             }
             Err(SendError::Unreachable | SendError::Stale) => false,
-        }
-    }
-}
-
-impl EngineState {
-    fn queue(&mut self, d: Decision) {
-        let key = d.key();
-        let event = match d {
-            Decision::Completed(t) => ConsumerEvent::Decode {
-                request: self.forget(key),
-                blocks: t.into_decode(),
-            },
-            Decision::Failed(_) => {
-                let request = self.stop_heartbeat(key);
-                tracing::warn!(req = %request.id, cause = "transfer", "failed");
-                ConsumerEvent::Failed { request }
-            }
-            Decision::Expired(q) => {
-                let request = self.stop_heartbeat(key);
-                tracing::warn!(req = %request.id, cause = "deadline", outstanding = ?q.outstanding(), "expired");
-                ConsumerEvent::Expired {
-                    request,
-                    outstanding: q.outstanding(),
-                }
-            }
-            Decision::Released(t) => {
-                let forced = t.forced();
-                if forced {
-                    tracing::warn!(cause = "quarantine", "released by the quarantine");
-                }
-                ConsumerEvent::Release {
-                    request: self.forget(key),
-                    blocks: t.into_free(),
-                    forced,
-                }
-            }
-        };
-        self.events.push_back(event);
-    }
-
-    fn stop_heartbeat(&mut self, key: RequestKey) -> PushedRequest {
-        match self.inflight.get_mut(&key) {
-            Some(f) => {
-                f.heartbeat = false;
-                f.ticket = None;
-                f.request.clone()
-            }
-            None => self.unknown(key),
-        }
-    }
-
-    fn forget(&mut self, key: RequestKey) -> PushedRequest {
-        match self.inflight.remove(&key) {
-            Some(f) => {
-                self.by_id.remove(&f.request.id);
-                f.request
-            }
-            None => self.unknown(key),
-        }
-    }
-
-    /// A decision for a key the driver does not know: every key comes from `register`, so
-    /// this cannot happen; the blocks are still handed over.
-    fn unknown(&self, key: RequestKey) -> PushedRequest {
-        debug_assert!(false, "decision for a key never registered");
-        PushedRequest {
-            key,
-            id: String::new(),
-            producer_engine: String::new(),
-            remote_request_id: String::new(),
-            producers: PerRequest::new(),
-            registered_at: self.now,
         }
     }
 }
