@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use kvdrain::{AgentId, BlockHandle, IgnoreReason, Instant, Noticed, Outstanding};
 use kvdrain_driver::consumer::{
-    ConsumerConfig, ConsumerDriver, ConsumerError, ConsumerEvent, EdgeMode, PushRequest,
+    ConsumerConfig, ConsumerDriver, ConsumerError, ConsumerEvent, EdgeMode, ReceiveSpec,
 };
 use kvdrain_driver::transport::Notification;
 
@@ -175,7 +175,7 @@ impl World {
     pub(super) fn register(
         &mut self,
         d: usize,
-        request: PushRequest<'_>,
+        request: ReceiveSpec<'_>,
         mode: EdgeMode,
     ) -> Result<(), ConsumerError> {
         let now = self.now;

@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use kvdrain::{AgentId, Config, Duration, Instant, producer::Topology};
-use kvdrain_driver::consumer::{ConsumerConfig, ProducerEngine};
+use kvdrain_driver::consumer::{ConsumerConfig, RemoteProducer};
 use kvdrain_driver::producer::{ProducerConfig, ProducerDriver};
 use kvdrain_driver::transport::{Notification, WriteStatus};
 
@@ -158,11 +158,11 @@ fn consumer_config(cluster: &Cluster, d: u16, ledger: Config) -> ConsumerConfig 
 
 /// Prefill engine `engine` as the decode ranks know it: its shape and the agents they
 /// believe run its ranks.
-pub(super) fn known_engine(cluster: &Cluster, engine: usize) -> ProducerEngine {
+pub(super) fn known_engine(cluster: &Cluster, engine: usize) -> RemoteProducer {
     let Topology {
         p_tp, p_pp, mla, ..
     } = cluster.engines[engine].topology;
-    ProducerEngine {
+    RemoteProducer {
         engine_id: producer_engine(engine),
         host: "sim".to_owned(),
         port: 0,

@@ -29,9 +29,10 @@ impl ConsumerConfig {
     }
 }
 
-/// A producer engine as D knows it.
+/// A remote producer engine as D knows it: where it listens, its shape, and its agents'
+/// names (added with [`ConsumerDriver::add_producer_engine`](super::ConsumerDriver::add_producer_engine)).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProducerEngine {
+pub struct RemoteProducer {
     /// P's engine id.
     pub engine_id: String,
     /// P's side-channel host.

@@ -5,9 +5,10 @@ use kvdrain::{BlockHandle, Instant, Outstanding, RequestKey};
 
 use crate::PerRequest;
 
-/// What the driver remembers of a registered request; carried by every event.
+/// What the driver remembers of a registered request, from its registration to its
+/// release; carried by every event.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PushedRequest {
+pub struct TrackedRequest {
     /// The core's key.
     pub key: RequestKey,
     /// D's request id.
@@ -22,7 +23,7 @@ pub struct PushedRequest {
     pub registered_at: Instant,
 }
 
-impl PushedRequest {
+impl TrackedRequest {
     /// The producers still owing a write in `outstanding` (named-edge mode; none when
     /// counting).
     pub fn owing(&self, outstanding: Outstanding) -> impl Iterator<Item = &str> + '_ {
@@ -44,20 +45,20 @@ pub enum ConsumerEvent {
     /// `completed`: every write landed; the blocks now belong to the running request.
     Decode {
         /// The request.
-        request: PushedRequest,
+        request: TrackedRequest,
         /// Its blocks.
         blocks: BlockHandle,
     },
     /// `failed`: apply the KV load failure policy now; `Release` follows.
     Failed {
         /// The request.
-        request: PushedRequest,
+        request: TrackedRequest,
     },
     /// `expired`: the deadline passed with `outstanding` writes owed; the blocks come back
     /// later through `Release`.
     Expired {
         /// The request.
-        request: PushedRequest,
+        request: TrackedRequest,
         /// What was still owed.
         outstanding: Outstanding,
     },
@@ -65,7 +66,7 @@ pub enum ConsumerEvent {
     /// quarantine ran out with writes outstanding.
     Release {
         /// The request.
-        request: PushedRequest,
+        request: TrackedRequest,
         /// Its blocks.
         blocks: BlockHandle,
         /// Released by the quarantine.

@@ -54,9 +54,9 @@
 //! | file | concept |
 //! | --- | --- |
 //! | `mod.rs` | the driver, its two halves, lost and fenced producers, the round |
-//! | `config.rs` | [`ConsumerConfig`] and the producer engines it receives from ([`ProducerEngine`]) |
-//! | `events.rs` | what leaves it: [`ConsumerEvent`] and the [`PushedRequest`] it carries, [`PollReport`], [`ConsumerCounters`] |
-//! | `register.rs` | registration, step by step: [`PushRequest`] and [`EdgeMode`] in, [`Registered`] or [`ConsumerError`] out |
+//! | `config.rs` | [`ConsumerConfig`], and [`RemoteProducer`]: a producer engine it receives from |
+//! | `events.rs` | what leaves it: [`ConsumerEvent`] and the [`TrackedRequest`] it carries, [`PollReport`], [`ConsumerCounters`] |
+//! | `register.rs` | registration, step by step: [`ReceiveSpec`] and [`EdgeMode`] in, [`Registered`] or [`ConsumerError`] out |
 //! | `heartbeat.rs` | the heartbeat schedule (F9) |
 //! | `state.rs` | what the driver keeps per request and per producer, and the decisions queued |
 
@@ -75,9 +75,9 @@ use kvdrain::{
 use crate::directory::AgentDirectory;
 use crate::transport::{DrainError, GonePeer, Notification, Peer, SendError, Transport};
 
-pub use config::{ConsumerConfig, ProducerEngine};
-pub use events::{ConsumerCounters, ConsumerEvent, PollReport, PushedRequest};
-pub use register::{ConsumerError, EdgeMode, PushRequest, Registered};
+pub use config::{ConsumerConfig, RemoteProducer};
+pub use events::{ConsumerCounters, ConsumerEvent, PollReport, TrackedRequest};
+pub use register::{ConsumerError, EdgeMode, ReceiveSpec, Registered};
 use state::{EngineState, IngestState};
 
 /// The consumer driver of one D rank. `N`: requests tracked at once (a power of two); `E`:
@@ -195,8 +195,8 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     /// [`ConsumerError::Directory`] if the names do not fit.
     pub fn add_producer_engine(
         &mut self,
-        engine: ProducerEngine,
-    ) -> Result<&ProducerEngine, ConsumerError> {
+        engine: RemoteProducer,
+    ) -> Result<&RemoteProducer, ConsumerError> {
         for name in &engine.agents {
             self.directory.intern(name)?;
             self.state.disconnected.remove(name);

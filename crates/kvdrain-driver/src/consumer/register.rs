@@ -1,4 +1,4 @@
-//! Registration: what the engine asks for ([`PushRequest`], [`EdgeMode`]), what it gets
+//! Registration: what the engine asks for ([`ReceiveSpec`], [`EdgeMode`]), what it gets
 //! back ([`Registered`], [`ConsumerError`]), and the steps between. The edges of this rank
 //! come from the producer engine's topology; the request is tracked in the core **before**
 //! `PUSH_REG` goes out, so no completion can beat its state; the agents the `PUSH_REG`
@@ -13,15 +13,16 @@ use kvdrain::{
 };
 
 use super::state::InFlight;
-use super::{ConsumerEngine, ProducerEngine, PushedRequest};
+use super::{ConsumerEngine, RemoteProducer, TrackedRequest};
 use crate::PerRequest;
 use crate::directory::DirectoryFull;
 use crate::registration::PushRegistration;
 use crate::transport::Transport;
 
-/// A request the engine wants pushed into this rank.
+/// A request the engine wants pushed into this rank: what
+/// [`register`](ConsumerEngine::register) takes.
 #[derive(Debug)]
-pub struct PushRequest<'a> {
+pub struct ReceiveSpec<'a> {
     /// D's request id.
     pub id: &'a str,
     /// The producer engine (added with
@@ -66,7 +67,7 @@ pub struct Registered {
 /// Failure of a consumer operation.
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError {
-    /// [`PushRequest::producer_engine`] was never added.
+    /// [`ReceiveSpec::producer_engine`] was never added.
     #[error("unknown producer engine {0:?}")]
     UnknownEngine(String),
     /// The producer/consumer shapes do not fit.
@@ -105,7 +106,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     pub fn register<T: Transport>(
         &mut self,
         transport: &mut T,
-        request: PushRequest<'_>,
+        request: ReceiveSpec<'_>,
         now: Instant,
     ) -> Result<Registered, ConsumerError> {
         self.register_with(transport, request, EdgeMode::Named, now)
@@ -118,7 +119,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     pub fn register_with<T: Transport>(
         &mut self,
         transport: &mut T,
-        request: PushRequest<'_>,
+        request: ReceiveSpec<'_>,
         mode: EdgeMode,
         now: Instant,
     ) -> Result<Registered, ConsumerError> {
@@ -131,7 +132,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
             .map(|p| self.directory.id_or_stranger(p))
             .collect();
         let expect = expect::<E>(mode, &ids, topology.expected_per_consumer_rank());
-        let PushRequest {
+        let ReceiveSpec {
             id,
             producer_engine,
             remote_request_id,
@@ -157,7 +158,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     }
 
     /// Step 1: the producer engine the request names, added before.
-    fn producer_engine(&self, name: &str) -> Result<Arc<ProducerEngine>, ConsumerError> {
+    fn producer_engine(&self, name: &str) -> Result<Arc<RemoteProducer>, ConsumerError> {
         self.state
             .engines
             .get(name)
@@ -169,7 +170,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     /// rank waits for, in edge order ([`Topology::producers_of`]).
     fn producers_of(
         &self,
-        engine: &ProducerEngine,
+        engine: &RemoteProducer,
     ) -> Result<(Topology, PerRequest<String>), ConsumerError> {
         let config = &self.state.config;
         let topology = Topology {
@@ -224,7 +225,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     fn push_reg(
         &self,
         id: &str,
-        engine: &ProducerEngine,
+        engine: &RemoteProducer,
         transfer_id: Option<&str>,
         block_ids: Vec<Vec<u64>>,
     ) -> Vec<u8> {
@@ -262,7 +263,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         st.inflight.insert(
             key,
             InFlight {
-                request: PushedRequest {
+                request: TrackedRequest {
                     key,
                     id: id.to_owned(),
                     producer_engine: producer_engine.to_owned(),
@@ -282,7 +283,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         &mut self,
         transport: &mut T,
         id: &str,
-        engine: &ProducerEngine,
+        engine: &RemoteProducer,
         registration: &[u8],
     ) -> Vec<String> {
         let mut unreached = Vec::new();

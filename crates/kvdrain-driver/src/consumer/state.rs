@@ -1,4 +1,4 @@
-//! What the driver keeps between calls: per request (the [`PushedRequest`], whether it is
+//! What the driver keeps between calls: per request (the [`TrackedRequest`], whether it is
 //! heartbeated, its ticket), per producer (engines, disconnected agents, failed sends), and
 //! the decisions queued for the engine; and what the ingest half counts.
 
@@ -7,13 +7,13 @@ use std::sync::Arc;
 
 use kvdrain::{Decision, Instant, Pending, RequestKey};
 
-use super::{ConsumerConfig, ConsumerCounters, ConsumerEvent, ProducerEngine, PushedRequest};
+use super::{ConsumerConfig, ConsumerCounters, ConsumerEvent, RemoteProducer, TrackedRequest};
 use crate::PerRequest;
 
 /// One registered request, until it is released.
 #[derive(Debug)]
 pub(super) struct InFlight {
-    pub(super) request: PushedRequest,
+    pub(super) request: TrackedRequest,
     /// Until the decision (F9).
     pub(super) heartbeat: bool,
     /// Until decided or aborted.
@@ -26,7 +26,7 @@ pub(super) struct EngineState {
     pub(super) config: ConsumerConfig,
     /// Shared with each registration that sends to the engine's agents (no copy of the
     /// names per request).
-    pub(super) engines: HashMap<String, Arc<ProducerEngine>>,
+    pub(super) engines: HashMap<String, Arc<RemoteProducer>>,
     pub(super) inflight: HashMap<RequestKey, InFlight>,
     pub(super) by_id: HashMap<String, RequestKey>,
     /// Producers found gone (or fenced): nothing is sent to them until their engine is
@@ -104,7 +104,7 @@ impl EngineState {
         self.events.push_back(event);
     }
 
-    fn stop_heartbeat(&mut self, key: RequestKey) -> PushedRequest {
+    fn stop_heartbeat(&mut self, key: RequestKey) -> TrackedRequest {
         match self.inflight.get_mut(&key) {
             Some(f) => {
                 f.heartbeat = false;
@@ -115,7 +115,7 @@ impl EngineState {
         }
     }
 
-    fn forget(&mut self, key: RequestKey) -> PushedRequest {
+    fn forget(&mut self, key: RequestKey) -> TrackedRequest {
         match self.inflight.remove(&key) {
             Some(f) => {
                 self.by_id.remove(&f.request.id);
@@ -127,9 +127,9 @@ impl EngineState {
 
     /// A decision for a key the driver does not know: every key comes from `register`, so
     /// this cannot happen; the blocks are still handed over.
-    fn unknown(&self, key: RequestKey) -> PushedRequest {
+    fn unknown(&self, key: RequestKey) -> TrackedRequest {
         debug_assert!(false, "decision for a key never registered");
-        PushedRequest {
+        TrackedRequest {
             key,
             id: String::new(),
             producer_engine: String::new(),
