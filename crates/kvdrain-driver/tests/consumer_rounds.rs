@@ -196,13 +196,21 @@ fn the_engine_half_says_when_to_wake_it() {
         fail_drain: false,
         hide_gone: true,
     };
-    engine.poll(&mut quiet, Instant::ZERO + HEARTBEAT);
+    assert_eq!(
+        engine.poll(&mut quiet, Instant::ZERO + HEARTBEAT),
+        0,
+        "nothing ingested: no ready request to take"
+    );
     assert_eq!(
         engine.next_timer(),
         Some(Instant::ZERO + HEARTBEAT),
         "the failed send is to be reported gone now"
     );
-    engine.poll(&mut quiet, Instant::ZERO + HEARTBEAT);
+    assert_eq!(
+        engine.poll(&mut quiet, Instant::ZERO + HEARTBEAT),
+        0,
+        "nothing ingested: no ready request to take"
+    );
     assert_eq!(
         engine.next_timer(),
         Some(Instant::ZERO + HEARTBEAT + HEARTBEAT)
@@ -213,15 +221,27 @@ fn the_engine_half_says_when_to_wake_it() {
         "a gone resolves nothing of a count"
     );
 
-    engine.poll(&mut quiet, Instant::ZERO + HEARTBEAT + HEARTBEAT);
+    assert_eq!(
+        engine.poll(&mut quiet, Instant::ZERO + HEARTBEAT + HEARTBEAT),
+        0,
+        "nothing ingested: no ready request to take"
+    );
     assert_eq!(
         engine.next_timer(),
         Some(at(250)),
         "the deadline comes first"
     );
-    engine.poll(&mut quiet, at(249));
+    assert_eq!(
+        engine.poll(&mut quiet, at(249)),
+        0,
+        "nothing ingested: no ready request to take"
+    );
     assert_eq!(engine.poll_event(), None, "not before its time");
-    engine.poll(&mut quiet, at(250));
+    assert_eq!(
+        engine.poll(&mut quiet, at(250)),
+        0,
+        "nothing ingested: no ready request to take"
+    );
     assert!(matches!(
         engine.poll_event(),
         Some(ConsumerEvent::Expired { .. })

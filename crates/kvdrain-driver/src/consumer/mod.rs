@@ -220,6 +220,7 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     ///
     /// # Errors
     /// [`DrainError`] if draining notifications failed (the rest of the round still ran).
+    #[must_use = "a failed drain is reported here, after the round"]
     pub fn poll<T: Transport>(
         &mut self,
         transport: &mut T,
@@ -235,6 +236,7 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
     ///
     /// # Errors
     /// As [`poll`](Self::poll).
+    #[must_use = "a failed drain is reported here, after the round"]
     pub fn poll_observed<T: Transport>(
         &mut self,
         transport: &mut T,
@@ -255,11 +257,14 @@ impl<const N: usize, const E: usize> ConsumerDriver<N, E> {
             let noticed = ingest.ingest(sender, bytes);
             // Decided on this thread: queued at once, in the order the notices came.
             if let Ok(Noticed::Decided) = noticed {
-                engine.take_ready();
+                // The report counts the round's decisions from the queue, not from this.
+                let _ = engine.take_ready();
             }
             observe(sender, bytes, noticed);
         }
-        engine.poll(transport, now);
+        // Every ready request was taken as its notice decided it (none are left for the
+        // round to take); the report counts decisions from the queue.
+        let _ = engine.poll(transport, now);
         let report = PollReport {
             notifications: inbox.len(),
             decisions: engine.pending_events() - before,
@@ -359,6 +364,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
 
     /// Takes the decisions the ingest half made ready; returns how many ready requests
     /// were taken (each gives one or two events, one after the other).
+    #[must_use = "the ready requests taken: what a caller timing the hand-off counts"]
     pub fn take_ready(&mut self) -> usize {
         let mut taken = 0;
         let mut last = None;
@@ -380,6 +386,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     /// [`ConsumerDriver::poll`], which drains, ingests, then calls this). Call it again at
     /// [`next_timer`](Self::next_timer) or when the ingest half decided a request.
     /// Returns the ready requests taken.
+    #[must_use = "the ready requests taken: what a caller timing the hand-off counts"]
     pub fn poll<T: Transport>(&mut self, transport: &mut T, now: Instant) -> usize {
         self.state.now = self.state.now.max(now);
         for name in std::mem::take(&mut self.state.send_failed) {
@@ -408,6 +415,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     }
 
     /// The next decision for the engine.
+    #[must_use = "an event taken and dropped is lost: its blocks are never decoded or reused"]
     pub fn poll_event(&mut self) -> Option<ConsumerEvent> {
         self.state.events.pop_front()
     }
@@ -436,6 +444,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     /// seen gone) can change anything. An engine thread may sleep until then or until
     /// the ingest half decides a request, whichever comes first; a loop on one thread,
     /// until then or the next notification.
+    #[must_use = "when the next poll has work: sleep until then or the next input"]
     pub fn next_timer(&self) -> Option<Instant> {
         let st = &*self.state;
         let gone = (!st.send_failed.is_empty()).then_some(st.now);
