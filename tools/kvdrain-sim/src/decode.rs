@@ -191,8 +191,8 @@ impl World {
         registered.map(|_| ())
     }
 
-    /// One scheduler step of decode rank `d`: its driver drains what was delivered, fences,
-    /// advances its clock and heartbeats; its decisions are applied. Returns what the core
+    /// One scheduler step of decode rank `d`: its driver drains what was delivered, reports
+    /// the producers seen gone, advances its clock and heartbeats; its decisions are applied. Returns what the core
     /// made of each notification drained.
     pub(super) fn poll_decode(&mut self, d: usize) -> Vec<Result<Noticed, IgnoreReason>> {
         let now = self.now;
