@@ -23,7 +23,7 @@
 //! `poll_event`.** No method blocks, spawns, sleeps or reads a clock.
 //!
 //! Time uses the core's types: every point on the engine's clock (`now`, a
-//! [`PushedRequest::registered_at`](consumer::PushedRequest::registered_at), a
+//! [`TrackedRequest::registered_at`](consumer::TrackedRequest::registered_at), a
 //! `next_timer`) is an [`Instant`](kvdrain::Instant) and every span (the producers'
 //! `lease`, a request's `deadline`, the heartbeat interval) a
 //! [`Duration`](kvdrain::Duration), both whole milliseconds in one `u64`. The caller picks

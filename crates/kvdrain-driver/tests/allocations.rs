@@ -19,7 +19,7 @@ use std::cell::Cell;
 
 use kvdrain::{BlockHandle, Config, Duration, Instant};
 use kvdrain_driver::consumer::{
-    ConsumerConfig, ConsumerDriver, ConsumerEvent, ProducerEngine, PushRequest,
+    ConsumerConfig, ConsumerDriver, ConsumerEvent, ReceiveSpec, RemoteProducer,
 };
 use kvdrain_driver::memory::{MemoryFabric, MemoryTransport, MemoryWrite, WriteFault};
 use kvdrain_driver::producer::{Offer, ProducerConfig, ProducerDriver, ProducerEvent};
@@ -88,7 +88,7 @@ fn cluster() -> Cluster {
         lease: Duration::from_millis(30_000),
         ledger,
     });
-    d.add_producer_engine(ProducerEngine {
+    d.add_producer_engine(RemoteProducer {
         engine_id: P_ENGINE.into(),
         host: "127.0.0.1".into(),
         port: 2,
@@ -133,7 +133,7 @@ impl Cluster {
             p.offer(offer, self.now).expect("offer");
             self.p_allocs += allocations() - before;
         }
-        let request = PushRequest {
+        let request = ReceiveSpec {
             id,
             producer_engine: P_ENGINE,
             remote_request_id: id,

@@ -7,7 +7,7 @@
 use kvdrain::{BlockHandle, Config, Duration, Instant, Outstanding};
 use kvdrain_driver::Transport;
 use kvdrain_driver::consumer::{
-    ConsumerConfig, ConsumerDriver, ConsumerEvent, EdgeMode, ProducerEngine, PushRequest,
+    ConsumerConfig, ConsumerDriver, ConsumerEvent, EdgeMode, ReceiveSpec, RemoteProducer,
 };
 use kvdrain_driver::memory::{MemoryFabric, MemoryTransport, MemoryWrite};
 use kvdrain_driver::transport::{
@@ -84,8 +84,8 @@ fn consumer() -> (ConsumerDriver<64, 8>, MemoryFabric, MemoryTransport) {
 }
 
 /// P (TP 2, agents `p0` and `p1`), as the directory learns it from the handshake.
-fn producer_engine() -> ProducerEngine {
-    ProducerEngine {
+fn producer_engine() -> RemoteProducer {
+    RemoteProducer {
         engine_id: P_ENGINE.into(),
         host: "127.0.0.1".into(),
         port: 2,
@@ -96,8 +96,8 @@ fn producer_engine() -> ProducerEngine {
     }
 }
 
-fn request(id: &str, deadline_ms: Option<u64>) -> PushRequest<'_> {
-    PushRequest {
+fn request(id: &str, deadline_ms: Option<u64>) -> ReceiveSpec<'_> {
+    ReceiveSpec {
         id,
         producer_engine: P_ENGINE,
         remote_request_id: id,
@@ -196,13 +196,21 @@ fn the_engine_half_says_when_to_wake_it() {
         fail_drain: false,
         hide_gone: true,
     };
-    engine.poll(&mut quiet, Instant::ZERO + HEARTBEAT);
+    assert_eq!(
+        engine.poll(&mut quiet, Instant::ZERO + HEARTBEAT),
+        0,
+        "nothing ingested: no ready request to take"
+    );
     assert_eq!(
         engine.next_timer(),
         Some(Instant::ZERO + HEARTBEAT),
         "the failed send is to be reported gone now"
     );
-    engine.poll(&mut quiet, Instant::ZERO + HEARTBEAT);
+    assert_eq!(
+        engine.poll(&mut quiet, Instant::ZERO + HEARTBEAT),
+        0,
+        "nothing ingested: no ready request to take"
+    );
     assert_eq!(
         engine.next_timer(),
         Some(Instant::ZERO + HEARTBEAT + HEARTBEAT)
@@ -213,15 +221,27 @@ fn the_engine_half_says_when_to_wake_it() {
         "a gone resolves nothing of a count"
     );
 
-    engine.poll(&mut quiet, Instant::ZERO + HEARTBEAT + HEARTBEAT);
+    assert_eq!(
+        engine.poll(&mut quiet, Instant::ZERO + HEARTBEAT + HEARTBEAT),
+        0,
+        "nothing ingested: no ready request to take"
+    );
     assert_eq!(
         engine.next_timer(),
         Some(at(250)),
         "the deadline comes first"
     );
-    engine.poll(&mut quiet, at(249));
+    assert_eq!(
+        engine.poll(&mut quiet, at(249)),
+        0,
+        "nothing ingested: no ready request to take"
+    );
     assert_eq!(engine.poll_event(), None, "not before its time");
-    engine.poll(&mut quiet, at(250));
+    assert_eq!(
+        engine.poll(&mut quiet, at(250)),
+        0,
+        "nothing ingested: no ready request to take"
+    );
     assert!(matches!(
         engine.poll_event(),
         Some(ConsumerEvent::Expired { .. })

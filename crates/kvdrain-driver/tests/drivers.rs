@@ -2,8 +2,8 @@
 
 use kvdrain::{BlockHandle, Config, Duration, Instant, Outstanding};
 use kvdrain_driver::consumer::{
-    ConsumerConfig, ConsumerDriver, ConsumerEvent, EdgeMode, ProducerEngine, PushRequest,
-    Registered,
+    ConsumerConfig, ConsumerDriver, ConsumerEvent, EdgeMode, ReceiveSpec, Registered,
+    RemoteProducer,
 };
 use kvdrain_driver::memory::{MemoryFabric, MemoryTransport, MemoryWrite, WriteFault};
 use kvdrain_driver::producer::{Offer, ProducerConfig, ProducerDriver, ProducerEvent};
@@ -59,7 +59,7 @@ fn cluster_settling(p_tp: u16, lease_ms: u64, extra_agents: &[&str], settle_ms: 
             )
         })
         .collect();
-    d.add_producer_engine(ProducerEngine {
+    d.add_producer_engine(RemoteProducer {
         engine_id: P_ENGINE.into(),
         host: "127.0.0.1".into(),
         port: 2,
@@ -133,7 +133,7 @@ impl Cluster {
             .engine()
             .register(
                 &mut self.dt,
-                PushRequest {
+                ReceiveSpec {
                     id: d_id,
                     producer_engine: P_ENGINE,
                     remote_request_id: p_id,
@@ -393,7 +393,7 @@ fn count_mode_on_request_and_the_next_timer() {
     c.d.engine()
         .register_with(
             &mut c.dt,
-            PushRequest {
+            ReceiveSpec {
                 id: "r",
                 producer_engine: P_ENGINE,
                 remote_request_id: "r",
@@ -535,7 +535,7 @@ fn a_gone_says_nothing_about_requests_registered_later() {
         c.d.engine()
             .register(
                 &mut c.dt,
-                PushRequest {
+                ReceiveSpec {
                     id: "s",
                     producer_engine: P_ENGINE,
                     remote_request_id: "s",
@@ -607,7 +607,7 @@ fn split_consumer_ingests_on_one_thread_and_decides_on_another() {
             engine
                 .register(
                     &mut c.dt,
-                    PushRequest {
+                    ReceiveSpec {
                         id: &id,
                         producer_engine: P_ENGINE,
                         remote_request_id: &id,
@@ -627,8 +627,9 @@ fn split_consumer_ingests_on_one_thread_and_decides_on_another() {
                 p.tick(t, now).expect("tick");
                 while p.poll_event().is_some() {}
             }
-            // The engine half never drains: the ingest thread owns the mailbox.
-            engine.take_ready();
+            // The engine half never drains: the ingest thread owns the mailbox. The decodes
+            // are counted from the events below, not from the requests taken.
+            let _ = engine.take_ready();
             engine.advance(now);
             while let Some(e) = engine.poll_event() {
                 assert!(matches!(e, ConsumerEvent::Decode { .. }), "{e:?}");

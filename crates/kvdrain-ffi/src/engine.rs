@@ -8,31 +8,10 @@ use kvdrain::{
 };
 
 use crate::decisions::{Out, kvdrain_decision, kvdrain_quarantined};
-use crate::group::{CoreEngine, kvdrain_engine, with_half};
+use crate::group::{EngineSide, kvdrain_engine, with_half};
 use crate::status::kvdrain_status::{self, *};
 use crate::status::{span, write_opt};
-use crate::tickets::{Lookup, Tickets};
-
-/// What the engine handle holds: the core half and the tickets of the keys it handed out.
-/// Decisions wait in the core's own queue until `kvdrain_engine_poll` pulls them.
-#[derive(Debug)]
-pub(crate) struct EngineSide {
-    pub(crate) engine: CoreEngine,
-    tickets: Tickets,
-    /// The ledger's capacity: the most tickets kept at once.
-    capacity: usize,
-}
-
-impl EngineSide {
-    /// The engine half with the ticket table made for `capacity`.
-    pub(crate) fn new(engine: CoreEngine, tickets: Tickets, capacity: usize) -> Self {
-        EngineSide {
-            engine,
-            tickets,
-            capacity,
-        }
-    }
-}
+use crate::tickets::Lookup;
 
 /// `uint64_t` for "no timer pending" (`kvdrain_engine_info.next_timer_ms`).
 pub const KVDRAIN_NO_TIMER: u64 = u64::MAX;

@@ -1,4 +1,4 @@
-//! The heap owner of one ledger and its three handles.
+//! The heap owner of one ledger and its three handles, and what each handle holds.
 //!
 //! The core's halves borrow the ledger (`Ingest<'l>`, `Engine<'l>`), and C has no
 //! lifetimes, so the binding keeps the borrow inside one allocation that outlives every
@@ -28,7 +28,6 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use kvdrain::{Config, Engine, Ingest};
 
 use crate::config::{CoreLedger, KVDRAIN_MAX_EDGES, TABLE};
-use crate::engine::EngineSide;
 use crate::status::kvdrain_status::{self, *};
 use crate::tickets::Tickets;
 
@@ -41,6 +40,27 @@ pub(crate) type CoreIngest = Ingest<'static, N, E>;
 /// The engine half of the one instantiation.
 /// cbindgen:ignore
 pub(crate) type CoreEngine = Engine<'static, N, E>;
+
+/// What the engine handle holds: the core half and the tickets of the keys it handed out.
+/// Decisions wait in the core's own queue until `kvdrain_engine_poll` pulls them.
+#[derive(Debug)]
+pub(crate) struct EngineSide {
+    pub(crate) engine: CoreEngine,
+    pub(crate) tickets: Tickets,
+    /// The ledger's capacity: the most tickets kept at once.
+    pub(crate) capacity: usize,
+}
+
+impl EngineSide {
+    /// The engine half with the ticket table made for `capacity`.
+    pub(crate) fn new(engine: CoreEngine, tickets: Tickets, capacity: usize) -> Self {
+        EngineSide {
+            engine,
+            tickets,
+            capacity,
+        }
+    }
+}
 
 bitflags::bitflags! {
     /// A handle's state word (`state: AtomicU32`): empty while usable, else why not.

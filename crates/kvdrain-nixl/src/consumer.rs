@@ -39,33 +39,34 @@ use crate::metrics::Latency;
 use crate::transport::NixlConsumerTransport;
 
 pub use kvdrain_driver::consumer::{
-    ConsumerConfig, ConsumerCounters, ConsumerEngine, EdgeMode, PollReport, ProducerEngine,
-    PushRequest, PushedRequest, Registered,
+    ConsumerConfig, ConsumerCounters, ConsumerEngine, EdgeMode, PollReport, ReceiveSpec,
+    Registered, RemoteProducer, TrackedRequest,
 };
 
 /// The engine's side of the decisions: where blocks go.
 pub trait BlockRelease {
     /// `completed`: every write landed; the blocks now belong to the running request.
-    fn decode(&mut self, request: &PushedRequest, blocks: BlockHandle);
+    fn decode(&mut self, request: &TrackedRequest, blocks: BlockHandle);
     /// The blocks of a request that did not complete are safe to reuse (after `failed`,
     /// `expired` or an abort). `forced`: the quarantine ran out with writes outstanding.
-    fn release(&mut self, request: &PushedRequest, blocks: BlockHandle, forced: bool);
+    fn release(&mut self, request: &TrackedRequest, blocks: BlockHandle, forced: bool);
     /// `failed`: a producer reported a failed write, was seen gone, or was fenced; apply
     /// the KV load failure policy now. [`release`](Self::release) follows (once the
     /// failure has settled).
-    fn failed(&mut self, request: &PushedRequest) {
+    fn failed(&mut self, request: &TrackedRequest) {
         let _ = request;
     }
     /// `expired`: the deadline passed with `outstanding` writes owed; the request fails for
     /// the client now, its blocks come back later through [`release`](Self::release).
-    fn expired(&mut self, request: &PushedRequest, outstanding: Outstanding) {
+    fn expired(&mut self, request: &TrackedRequest, outstanding: Outstanding) {
         let _ = (request, outstanding);
     }
 }
 
-/// Failure of a consumer operation.
+/// Failure of a [`Consumer`] operation: NIXL's, or the driver's
+/// ([`ConsumerError`](kvdrain_driver::consumer::ConsumerError)).
 #[derive(Debug, thiserror::Error)]
-pub enum ConsumerError {
+pub enum NixlConsumerError {
     /// A NIXL call failed.
     #[error(transparent)]
     Agent(#[from] AgentError),
@@ -125,12 +126,12 @@ impl<const N: usize, const E: usize> Consumer<N, E> {
     /// `(pp_stage, tp_rank)` order; `engine.agents` is filled from the loaded names.
     ///
     /// # Errors
-    /// [`ConsumerError`] if a metadata blob does not load or the names do not fit.
+    /// [`NixlConsumerError`] if a metadata blob does not load or the names do not fit.
     pub fn add_producer_engine(
         &mut self,
-        mut engine: ProducerEngine,
+        mut engine: RemoteProducer,
         rank_metadata: &[Vec<u8>],
-    ) -> Result<&ProducerEngine, ConsumerError> {
+    ) -> Result<&RemoteProducer, NixlConsumerError> {
         engine.agents.clear();
         for md in rank_metadata {
             engine.agents.push(self.agent.load_remote_metadata(md)?);

@@ -47,14 +47,13 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use kvdrain::Counters;
+use kvdrain_driver::consumer::ConsumerCounters;
+use kvdrain_driver::producer::ProducerCounters;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
-
-use crate::consumer::ConsumerCounters;
-use crate::producer::ProducerCounters;
 
 type Labels = Vec<(&'static str, &'static str)>;
 type Counters_ = Family<Labels, Counter>;

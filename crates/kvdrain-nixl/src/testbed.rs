@@ -13,7 +13,7 @@ use nixl_sys::AgentConfig;
 use crate::agent::{AgentError, UcxAgent};
 use crate::block_layout::BlockLayout;
 use crate::consumer::{
-    BlockRelease, Consumer, ConsumerConfig, ConsumerError, ProducerEngine, PushedRequest,
+    BlockRelease, Consumer, ConsumerConfig, NixlConsumerError, RemoteProducer, TrackedRequest,
 };
 use crate::handshake::{ConsumerRank, StaticHandshake};
 use crate::pool::DramPool;
@@ -126,9 +126,13 @@ impl ConsumerSide {
     /// Loads the producers' metadata (notification-only handshake).
     ///
     /// # Errors
-    /// [`ConsumerError`] if a blob does not load.
-    pub fn add_producers(&mut self, p_tp: u16, metadata: &[Vec<u8>]) -> Result<(), ConsumerError> {
-        let engine = ProducerEngine {
+    /// [`NixlConsumerError`] if a blob does not load.
+    pub fn add_producers(
+        &mut self,
+        p_tp: u16,
+        metadata: &[Vec<u8>],
+    ) -> Result<(), NixlConsumerError> {
+        let engine = RemoteProducer {
             engine_id: P_ENGINE.to_owned(),
             host: "127.0.0.1".to_owned(),
             port: 5601,
@@ -203,8 +207,8 @@ impl Testbed {
     /// Creates every agent and exchanges metadata.
     ///
     /// # Errors
-    /// [`ConsumerError`] from NIXL or the pump.
-    pub fn new(cfg: &TestbedConfig) -> Result<Self, ConsumerError> {
+    /// [`NixlConsumerError`] from NIXL or the pump.
+    pub fn new(cfg: &TestbedConfig) -> Result<Self, NixlConsumerError> {
         let mut d = ConsumerSide::new(cfg)?;
         let p = ProducerSide::new(cfg)?;
         d.add_producers(cfg.p_tp, &p.metadata()?)?;
@@ -255,19 +259,19 @@ impl Recorder {
 }
 
 impl BlockRelease for Recorder {
-    fn decode(&mut self, request: &PushedRequest, blocks: BlockHandle) {
+    fn decode(&mut self, request: &TrackedRequest, blocks: BlockHandle) {
         self.events.push_back(("decode", request.id.clone()));
         self.blocks.push((request.id.clone(), blocks.0));
     }
-    fn release(&mut self, request: &PushedRequest, blocks: BlockHandle, forced: bool) {
+    fn release(&mut self, request: &TrackedRequest, blocks: BlockHandle, forced: bool) {
         let e = if forced { "forced" } else { "release" };
         self.events.push_back((e, request.id.clone()));
         self.blocks.push((request.id.clone(), blocks.0));
     }
-    fn failed(&mut self, request: &PushedRequest) {
+    fn failed(&mut self, request: &TrackedRequest) {
         self.events.push_back(("failed", request.id.clone()));
     }
-    fn expired(&mut self, request: &PushedRequest, _outstanding: Outstanding) {
+    fn expired(&mut self, request: &TrackedRequest, _outstanding: Outstanding) {
         self.events.push_back(("expired", request.id.clone()));
     }
 }

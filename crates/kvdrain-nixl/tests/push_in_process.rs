@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use kvdrain::{BlockHandle, Outstanding};
-use kvdrain_nixl::consumer::{BlockRelease, PushedRequest};
+use kvdrain_nixl::consumer::{BlockRelease, TrackedRequest};
 use kvdrain_nixl::handshake::{ConsumerRank, Handshake, HandshakeError};
 use kvdrain_nixl::loader::require_nixl_or_skip;
 use kvdrain_nixl::pool::DramPool;
@@ -37,7 +37,7 @@ struct CheckAtDecode<'a> {
 }
 
 impl BlockRelease for CheckAtDecode<'_> {
-    fn decode(&mut self, request: &PushedRequest, blocks: BlockHandle) {
+    fn decode(&mut self, request: &TrackedRequest, blocks: BlockHandle) {
         let seed = (self.seeds)(&request.id);
         for (i, &b) in block_ids(blocks.0)[0].iter().enumerate() {
             assert_eq!(
@@ -49,13 +49,13 @@ impl BlockRelease for CheckAtDecode<'_> {
         }
         self.inner.d.decode(request, blocks);
     }
-    fn release(&mut self, request: &PushedRequest, blocks: BlockHandle, forced: bool) {
+    fn release(&mut self, request: &TrackedRequest, blocks: BlockHandle, forced: bool) {
         self.inner.d.release(request, blocks, forced);
     }
-    fn failed(&mut self, request: &PushedRequest) {
+    fn failed(&mut self, request: &TrackedRequest) {
         self.inner.d.failed(request);
     }
-    fn expired(&mut self, request: &PushedRequest, o: Outstanding) {
+    fn expired(&mut self, request: &TrackedRequest, o: Outstanding) {
         self.inner.d.expired(request, o);
     }
 }
@@ -205,7 +205,7 @@ fn tp2_to_tp1_with_a_pump_thread() {
             let registered = half
                 .register(
                     &mut nixl,
-                    kvdrain_nixl::consumer::PushRequest {
+                    kvdrain_nixl::consumer::ReceiveSpec {
                         id: &d_id(n),
                         producer_engine: kvdrain_nixl::testbed::P_ENGINE,
                         remote_request_id: &pid,
@@ -299,7 +299,7 @@ fn pr50754_scenarios_ten_times_each_then_a_healthy_request() {
             clear_d_blocks(&tb, 0);
             register_request(
                 &mut tb.d,
-                kvdrain_nixl::consumer::PushRequest {
+                kvdrain_nixl::consumer::ReceiveSpec {
                     id: &d_id(id),
                     producer_engine: kvdrain_nixl::testbed::P_ENGINE,
                     remote_request_id: &pid,
@@ -506,7 +506,7 @@ fn heartbeats_stop_at_the_decision() {
     offer_all(&mut tb, 0, 0);
     register_request(
         &mut tb.d,
-        kvdrain_nixl::consumer::PushRequest {
+        kvdrain_nixl::consumer::ReceiveSpec {
             id: &d_id(0),
             producer_engine: kvdrain_nixl::testbed::P_ENGINE,
             remote_request_id: &p_id(0),

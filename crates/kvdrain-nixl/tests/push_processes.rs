@@ -205,7 +205,7 @@ fn child_consumer() {
         let pid = p_id(n);
         let unreached = register_request(
             &mut d,
-            kvdrain_nixl::consumer::PushRequest {
+            kvdrain_nixl::consumer::ReceiveSpec {
                 id: &d_id(n),
                 producer_engine: kvdrain_nixl::testbed::P_ENGINE,
                 remote_request_id: &pid,
@@ -253,7 +253,7 @@ fn child_consumer() {
         let pid = p_id(1);
         let unreached = register_request(
             &mut d,
-            kvdrain_nixl::consumer::PushRequest {
+            kvdrain_nixl::consumer::ReceiveSpec {
                 id: &d_id(1),
                 producer_engine: kvdrain_nixl::testbed::P_ENGINE,
                 remote_request_id: &pid,

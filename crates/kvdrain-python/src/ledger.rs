@@ -20,7 +20,8 @@ use crate::errors::{
 };
 use crate::feed::BatchReader;
 use crate::lock::lock;
-use crate::tracker::{self, AgentEnd, BuildError, EDGES, Entry, Refusal, Taken, Tracker};
+use crate::requests::{Agents, Entry};
+use crate::tracker::{self, AgentEnd, BuildError, EDGES, Refusal, Taken, Tracker};
 
 fn invalid_argument(why: String) -> PyErr {
     InvalidArgumentError::new_err(why)
@@ -199,7 +200,7 @@ impl PyLedger {
                         }
                     }
                 }
-                let agents: tracker::Agents = Some(agents.into());
+                let agents: Agents = Some(agents.into());
                 for (entry, _) in &mut entries {
                     entry.agents.clone_from(&agents);
                 }

@@ -1,4 +1,5 @@
-//! The engine side's table of live registrations, by the core's request key.
+//! The engine side's table of live registrations, by the core's request key, and what it
+//! keeps of each ([`Entry`]).
 //!
 //! Keys grow by one with every accepted registration, so the live ones are nearly
 //! contiguous: a ring of `2·N` places indexed by `key mod 2·N` finds almost every request
@@ -7,8 +8,35 @@
 //! moves to a small overflow map.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use crate::tracker::Entry;
+use kvdrain::AgentId;
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+
+/// The named edges of a registration (`None`: counting mode).
+pub(crate) type Agents = Option<Arc<[AgentId]>>;
+
+/// What the engine side keeps of a registration until its last decision.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) id: Py<PyString>,
+    pub(crate) blocks: Py<PyAny>,
+    /// Named-edge mode: the agents in registration order (bit `i` of
+    /// [`Outstanding::Edges`](kvdrain::Outstanding::Edges) is `agents[i]`), shared by the requests registered together;
+    /// empty in counting mode.
+    pub(crate) agents: Agents,
+}
+
+impl Entry {
+    pub(crate) fn clone_ref(&self, py: Python<'_>) -> Entry {
+        Entry {
+            id: self.id.clone_ref(py),
+            blocks: self.blocks.clone_ref(py),
+            agents: self.agents.clone(),
+        }
+    }
+}
 
 /// Live registrations: `(key, entry)` in a ring, the rare long-lived ones in `overflow`.
 #[derive(Debug)]
@@ -86,7 +114,6 @@ impl Requests {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pyo3::prelude::*;
 
     fn entry(py: Python<'_>, n: u64) -> Entry {
         Entry {

@@ -10,7 +10,7 @@
 //! [`Tracker`] erases `N` so that one Python class can hold any table size; each method
 //! works on a whole batch, so the dynamic call is paid once per batch.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use kvdrain::{
     AbortError, AgentId, BlockHandle, ClockError, Config, Decision as CoreDecision, Duration,
@@ -24,35 +24,11 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use crate::decision::Kind;
 use crate::lock::{lock, lock_detached};
-use crate::requests::Requests;
+use crate::requests::{Entry, Requests};
 
 /// Named edges per request in every table the module builds (counting mode allows up to
 /// 64 notices whatever this is).
 pub(crate) const EDGES: usize = 8;
-
-/// The named edges of a registration (`None`: counting mode).
-pub(crate) type Agents = Option<Arc<[AgentId]>>;
-
-/// What the engine side keeps of a registration until its last decision.
-#[derive(Debug)]
-pub(crate) struct Entry {
-    pub(crate) id: Py<PyString>,
-    pub(crate) blocks: Py<PyAny>,
-    /// Named-edge mode: the agents in registration order (bit `i` of
-    /// [`Outstanding::Edges`] is `agents[i]`), shared by the requests registered together;
-    /// empty in counting mode.
-    pub(crate) agents: Agents,
-}
-
-impl Entry {
-    fn clone_ref(&self, py: Python<'_>) -> Entry {
-        Entry {
-            id: self.id.clone_ref(py),
-            blocks: self.blocks.clone_ref(py),
-            agents: self.agents.clone(),
-        }
-    }
-}
 
 /// A decision taken under the engine lock; it becomes a Python object after the lock is
 /// released.

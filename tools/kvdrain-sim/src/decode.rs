@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use kvdrain::{AgentId, BlockHandle, IgnoreReason, Instant, Noticed, Outstanding};
 use kvdrain_driver::consumer::{
-    ConsumerConfig, ConsumerDriver, ConsumerError, ConsumerEvent, EdgeMode, PushRequest,
+    ConsumerConfig, ConsumerDriver, ConsumerError, ConsumerEvent, EdgeMode, ReceiveSpec,
 };
 use kvdrain_driver::transport::Notification;
 
@@ -175,7 +175,7 @@ impl World {
     pub(super) fn register(
         &mut self,
         d: usize,
-        request: PushRequest<'_>,
+        request: ReceiveSpec<'_>,
         mode: EdgeMode,
     ) -> Result<(), ConsumerError> {
         let now = self.now;
@@ -191,8 +191,8 @@ impl World {
         registered.map(|_| ())
     }
 
-    /// One scheduler step of decode rank `d`: its driver drains what was delivered, fences,
-    /// advances its clock and heartbeats; its decisions are applied. Returns what the core
+    /// One scheduler step of decode rank `d`: its driver drains what was delivered, reports
+    /// the producers seen gone, advances its clock and heartbeats; its decisions are applied. Returns what the core
     /// made of each notification drained.
     pub(super) fn poll_decode(&mut self, d: usize) -> Vec<Result<Noticed, IgnoreReason>> {
         let now = self.now;

@@ -10,7 +10,7 @@ use kvdrain::AgentId;
 use kvdrain_driver::producer::ProducerDriver;
 
 use super::cluster::Cluster;
-use super::timing::{FENCE_AFTER, REDISCOVER_AFTER};
+use super::timing::{GONE_AFTER, REDISCOVER_AFTER};
 use super::workload::producer_request_id;
 use super::world::{Event, World, known_engine, producer_config};
 
@@ -64,9 +64,11 @@ pub struct Rates {
     pub duplicate_registration: u32,
     /// A producer rank dies, per request.
     pub producer_death: u32,
-    /// The transport notices the death and the driver reports the dead agent gone (a
-    /// "fenced" death: its blocks are held until its edges settle).
-    pub fenced: u32,
+    /// Of those deaths, the transport reports the dead agent as a peer gone and every
+    /// decode rank's driver reports it gone to the core (a death seen gone: its edges fail
+    /// at once and their blocks are held until they settle); otherwise nobody reports it
+    /// (an unseen death).
+    pub seen_gone: u32,
     /// A failed WRITE keeps landing for up to `LATE_LANDING` ms after its error, per failed
     /// WRITE. Off by default until the core settles failure notices (`settle_ms`):
     /// `kvdrain sim --late-landing` turns it on.
@@ -98,7 +100,7 @@ impl Default for Rates {
             wrong_sender: 3_000,
             duplicate_registration: 2_000,
             producer_death: 300,
-            fenced: 600_000,
+            seen_gone: 600_000,
             late_landing: 0,
         }
     }
@@ -136,10 +138,10 @@ pub struct Faults {
     pub deadline_expired_in_flight: u64,
     /// Registrations that missed a producer rank (F6).
     pub partial_registration: u64,
-    /// Producer deaths the transport fenced.
-    pub producer_death_fenced: u64,
-    /// Producer deaths nobody fenced.
-    pub producer_death_unfenced: u64,
+    /// Producer deaths the transport reported as a peer gone.
+    pub producer_death_seen_gone: u64,
+    /// Producer deaths nobody reported.
+    pub producer_death_unseen: u64,
     /// Malformed notifications.
     pub malformed: u64,
     /// `HB:` / `PUSH_REG:` delivered to a consumer.
@@ -177,8 +179,8 @@ impl Faults {
                 self.deadline_expired_in_flight,
             ),
             ("partial_registration", self.partial_registration),
-            ("producer_death_fenced", self.producer_death_fenced),
-            ("producer_death_unfenced", self.producer_death_unfenced),
+            ("producer_death_seen_gone", self.producer_death_seen_gone),
+            ("producer_death_unseen", self.producer_death_unseen),
             ("malformed", self.malformed),
             ("misrouted", self.misrouted),
             ("wrong_sender", self.wrong_sender),
@@ -234,12 +236,12 @@ impl World {
         self.producers[rank] = ProducerDriver::new(producer_config(&self.cluster, rank));
         self.inboxes[rank].clear();
         self.finished[rank].clear();
-        if self.rng.chance(self.rates.fenced) {
-            self.faults.producer_death_fenced += 1;
-            let at = self.now + self.between(FENCE_AFTER);
+        if self.rng.chance(self.rates.seen_gone) {
+            self.faults.producer_death_seen_gone += 1;
+            let at = self.now + self.between(GONE_AFTER);
             self.agenda.push(at, Event::DeathSeen { rank, agent });
         } else {
-            self.faults.producer_death_unfenced += 1;
+            self.faults.producer_death_unseen += 1;
             self.agenda
                 .push(self.now + REDISCOVER_AFTER, Event::Rediscover { rank });
         }

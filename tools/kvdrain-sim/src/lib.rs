@@ -10,9 +10,9 @@
 //!   [`kvdrain::producer::PushPlan`], owed notices, source release) over the virtual network
 //!   ([`link`]); decode ranks run the shared consumer driver
 //!   ([`kvdrain_driver::consumer::ConsumerDriver`]: agent directory, registration, the
-//!   heartbeat schedule, fences `settle_ms` after a producer is seen gone, decisions) over
-//!   their own view of it ([`decode_link`]), as one thin adapter per rank ([`decode`]);
-//!   they exchange vLLM-format notification bytes ([`kvdrain::wire`], `PUSH_REG` msgpack
+//!   heartbeat schedule, a producer seen gone reported to the core at once, its edges
+//!   failed and their blocks settling for `settle_ms`, decisions) over their own view of
+//!   it ([`decode_link`]), as one thin adapter per rank ([`decode`]); they exchange vLLM-format notification bytes ([`kvdrain::wire`], `PUSH_REG` msgpack
 //!   and `HB:` included).
 //! * **Checked directly**: a memory model ([`memory`]) records, per block, who owns it
 //!   and how many WRITEs into it may still land, so a release or reuse while a write may

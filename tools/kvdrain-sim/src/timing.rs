@@ -48,10 +48,11 @@ pub const QUARANTINE: u64 = 600;
 pub const ABORT_AFTER: (u64, u64) = (0, 60);
 /// When a producer abort comes, after the arrival.
 pub const PRODUCER_ABORT_AFTER: (u64, u64) = (0, 40);
-/// From a producer's death to the transport seeing it gone (a fenced death); the
-/// consumers fence the dead agent [`SETTLE`] later, as the consumer driver does.
-pub const FENCE_AFTER: (u64, u64) = (1, 20);
-/// From an unfenced death to the replacement agent being known.
+/// From a producer's death to the transport seeing it gone (a death seen gone). Each
+/// decode rank's driver then reports the dead agent gone to the core at its next poll:
+/// its edges fail at once and their blocks settle for [`SETTLE`].
+pub const GONE_AFTER: (u64, u64) = (1, 20);
+/// From a death nobody reports (an unseen death) to the replacement agent being known.
 pub const REDISCOVER_AFTER: u64 = 20;
 /// An errored WRITE keeps landing for up to this long after its producer saw the error
 /// (the late-landing fault; measured over UCX TCP: up to 0.8 s for 256 MiB,
@@ -74,6 +75,6 @@ const _: () = assert!(QUARANTINE > REG_LATENCY + LEASE + WRITE_MAX);
 const _: () = assert!(QUARANTINE > REG_LATENCY + LEASE * 2 / 3 + WRITE_MAX + LATE_LANDING);
 const _: () = assert!(SETTLE > WRITE_MAX);
 const _: () = assert!(SETTLE > LATE_LANDING + NOTIFY_LATENCY + REORDER.1);
-// A dead producer's last bytes land at most LATE_LANDING after its death; its fence comes
-// at least FENCE_AFTER.0 + SETTLE after it.
-const _: () = assert!(FENCE_AFTER.0 + SETTLE > LATE_LANDING);
+// A dead producer's last bytes land at most LATE_LANDING after its death; the blocks of
+// its edges come back at least GONE_AFTER.0 + SETTLE after it (seen gone, then settled).
+const _: () = assert!(GONE_AFTER.0 + SETTLE > LATE_LANDING);

@@ -5,7 +5,7 @@
 //! misdirected notices are delivered around it.
 
 use kvdrain::{AgentId, BlockHandle, Duration, RegisterErrorKind};
-use kvdrain_driver::consumer::{ConsumerError, EdgeMode, PushRequest};
+use kvdrain_driver::consumer::{ConsumerError, EdgeMode, ReceiveSpec};
 use kvdrain_driver::producer::notice_bytes;
 
 use super::decode::Should;
@@ -99,7 +99,7 @@ impl World {
         };
         let p_id = producer_request_id(req);
         let engine_id = producer_engine(engine);
-        let push = |blocks: u64| PushRequest {
+        let push = |blocks: u64| ReceiveSpec {
             id: &request.id,
             producer_engine: &engine_id,
             remote_request_id: &p_id,

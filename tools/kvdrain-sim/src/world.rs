@@ -1,7 +1,7 @@
 //! The simulated cluster and its event loop: producers push requests to consumers through
 //! the real code (the shared producer driver on each producer rank, pairing, leases, retired
 //! ids and plans included; the shared consumer driver on each decode rank, directory,
-//! registration, heartbeats and fences included), faults are injected, and every invariant
+//! registration, heartbeats and producers reported gone included), faults are injected, and every invariant
 //! is checked at the step that could break it.
 //!
 //! The loop is here ([`World::run`]: events in time order; between them the decode ranks
@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use kvdrain::{AgentId, Config, Duration, Instant, producer::Topology};
-use kvdrain_driver::consumer::{ConsumerConfig, ProducerEngine};
+use kvdrain_driver::consumer::{ConsumerConfig, RemoteProducer};
 use kvdrain_driver::producer::{ProducerConfig, ProducerDriver};
 use kvdrain_driver::transport::{Notification, WriteStatus};
 
@@ -76,7 +76,7 @@ pub(super) enum Event {
     Death { rank: usize },
     /// The transport sees the dead agent gone (peer gone); its replacement comes up.
     DeathSeen { rank: usize, agent: AgentId },
-    /// The replacement of an unfenced dead agent comes up.
+    /// The replacement of a dead agent nobody reported (an unseen death) comes up.
     Rediscover { rank: usize },
     /// Decoding ends: the blocks of a completed request go back.
     DecodeDone { req: u64, d: usize },
@@ -158,11 +158,11 @@ fn consumer_config(cluster: &Cluster, d: u16, ledger: Config) -> ConsumerConfig 
 
 /// Prefill engine `engine` as the decode ranks know it: its shape and the agents they
 /// believe run its ranks.
-pub(super) fn known_engine(cluster: &Cluster, engine: usize) -> ProducerEngine {
+pub(super) fn known_engine(cluster: &Cluster, engine: usize) -> RemoteProducer {
     let Topology {
         p_tp, p_pp, mla, ..
     } = cluster.engines[engine].topology;
-    ProducerEngine {
+    RemoteProducer {
         engine_id: producer_engine(engine),
         host: "sim".to_owned(),
         port: 0,
@@ -258,7 +258,7 @@ impl World {
     }
 
     /// Runs events in time order; between them, the decode ranks are polled whenever one
-    /// of their drivers has work due (a fence, a heartbeat round, a timer).
+    /// of their drivers has work due (a producer to report gone, a heartbeat round, a timer).
     fn drain(&mut self) {
         loop {
             let at = match (self.agenda.next_at(), self.next_timer()) {

@@ -182,6 +182,7 @@ impl<W> ProducerDriver<W> {
     /// the transport (a transport that cannot wake its caller for that is polled while
     /// [`in_flight`](Self::in_flight) is not 0). An engine loop (or a simulator) may sleep
     /// until then or the next input, whichever comes first.
+    #[must_use = "when the next tick has work: sleep until then or the next input"]
     pub fn next_timer(&self) -> Option<Instant> {
         if self.work_queued {
             return Some(self.now);
@@ -206,6 +207,7 @@ impl<W> ProducerDriver<W> {
     }
 
     /// The next event for the engine.
+    #[must_use = "an event taken and dropped is lost: its source blocks are never freed"]
     pub fn poll_event(&mut self) -> Option<ProducerEvent> {
         self.events.pop_front()
     }
@@ -217,6 +219,7 @@ impl<W> ProducerDriver<W> {
     /// [`DrainError`] if draining notifications failed (the rest of the round still ran:
     /// whatever was drained before the failure, lost peers, leases, posts, status polls,
     /// owed notices, releases and stale peers).
+    #[must_use = "a failed drain is reported here, after the round"]
     pub fn tick<T: Transport<Write = W>>(
         &mut self,
         transport: &mut T,

@@ -6,7 +6,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kvdrain::BlockHandle;
-use kvdrain_nixl::consumer::PushRequest;
+use kvdrain_nixl::consumer::ReceiveSpec;
 use kvdrain_nixl::producer::Offer;
 use kvdrain_nixl::testbed::{ConsumerSide, P_ENGINE, Recorder, Testbed, TestbedConfig, pattern};
 
@@ -162,7 +162,7 @@ pub fn register(tb: &mut Testbed, n: u64, slot: u64, deadline_ms: Option<u64>) -
     let pid = p_id(n);
     register_request(
         &mut tb.d,
-        PushRequest {
+        ReceiveSpec {
             id: &d_id(n),
             producer_engine: P_ENGINE,
             remote_request_id: &pid,
@@ -176,7 +176,7 @@ pub fn register(tb: &mut Testbed, n: u64, slot: u64, deadline_ms: Option<u64>) -
 
 /// Registers `request` with D's consumer at D's clock, through its engine half; returns the
 /// producers it could not reach.
-pub fn register_request(d: &mut ConsumerSide, request: PushRequest<'_>) -> Vec<String> {
+pub fn register_request(d: &mut ConsumerSide, request: ReceiveSpec<'_>) -> Vec<String> {
     let now = d.consumer.now();
     let (mut engine, mut nixl) = d.consumer.engine();
     engine

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use kvdrain::{BlockHandle, Config, Outstanding};
 use kvdrain_nixl::agent::UcxAgent;
 use kvdrain_nixl::consumer::{
-    BlockRelease, Consumer, ConsumerConfig, ProducerEngine, PushRequest, PushedRequest,
+    BlockRelease, Consumer, ConsumerConfig, ReceiveSpec, RemoteProducer, TrackedRequest,
 };
 use kvdrain_nixl::testbed::{from_hex, to_hex};
 use nixl_sys::AgentConfig;
@@ -91,11 +91,11 @@ impl Seen<'_> {
 }
 
 impl BlockRelease for Seen<'_> {
-    fn decode(&mut self, _request: &PushedRequest, _blocks: BlockHandle) {
+    fn decode(&mut self, _request: &TrackedRequest, _blocks: BlockHandle) {
         self.completed_us = Some(self.now_us());
     }
 
-    fn release(&mut self, _request: &PushedRequest, _blocks: BlockHandle, forced: bool) {
+    fn release(&mut self, _request: &TrackedRequest, _blocks: BlockHandle, forced: bool) {
         // No event yet: a failure notice resolved the one edge (see `failed`).
         let _ = self.event_at("notice");
         self.forced = forced;
@@ -103,7 +103,7 @@ impl BlockRelease for Seen<'_> {
         self.reused_us = Some(self.watch.reuse());
     }
 
-    fn failed(&mut self, _request: &PushedRequest) {
+    fn failed(&mut self, _request: &TrackedRequest) {
         // With no event yet the failure can only be P's failure notice, drained in this
         // round: a disconnect is marked when its round returns, before the driver reports
         // P gone in the next one, and an expiry is not a failure. Marked here, before the
@@ -111,7 +111,7 @@ impl BlockRelease for Seen<'_> {
         self.failed_us = Some(self.event_at("notice"));
     }
 
-    fn expired(&mut self, _request: &PushedRequest, _outstanding: Outstanding) {
+    fn expired(&mut self, _request: &TrackedRequest, _outstanding: Outstanding) {
         self.expired_us = Some(self.event_at("expiry"));
     }
 }
@@ -145,7 +145,7 @@ pub fn run(
     let mut consumer: Consumer<4, 1> = Consumer::new(agent, consumer_config(spec));
     consumer
         .add_producer_engine(
-            ProducerEngine {
+            RemoteProducer {
                 engine_id: P_ENGINE.into(),
                 host: "127.0.0.1".into(),
                 port: 0,
@@ -164,7 +164,7 @@ pub fn run(
     engine
         .register(
             &mut nixl,
-            PushRequest {
+            ReceiveSpec {
                 id: REQUEST_ID,
                 producer_engine: P_ENGINE,
                 remote_request_id: REQUEST_ID,

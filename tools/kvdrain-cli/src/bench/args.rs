@@ -4,7 +4,6 @@
 
 use clap::{Args, Subcommand, ValueEnum};
 
-use super::ingest::Mode;
 use super::stream::{DEFAULT_SEED, Params};
 
 /// What to measure.
@@ -69,15 +68,6 @@ pub enum ModeArg {
     Counting,
     /// One notice from each of E named agents.
     Named,
-}
-
-impl From<ModeArg> for Mode {
-    fn from(m: ModeArg) -> Mode {
-        match m {
-            ModeArg::Counting => Mode::Counting,
-            ModeArg::Named => Mode::Named,
-        }
-    }
 }
 
 /// The message stream every ingest benchmark times.

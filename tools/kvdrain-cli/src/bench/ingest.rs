@@ -15,7 +15,7 @@ use kvdrain::{
     Noticed, Pending, RegisterError, Registration,
 };
 
-use super::args::{FloorArgs, IngestArgs, StreamArgs};
+use super::args::{FloorArgs, IngestArgs, ModeArg, StreamArgs};
 use super::floor::Floor;
 use super::stream::{self, Params, Stream};
 use super::{Clock, Failure, Line, Spread, alloc, on_big_stack, put_allocations, stack_for};
@@ -36,6 +36,16 @@ impl Mode {
         match self {
             Mode::Counting => "counting",
             Mode::Named => "named",
+        }
+    }
+}
+
+/// The `--mode` flag's value.
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Mode {
+        match m {
+            ModeArg::Counting => Mode::Counting,
+            ModeArg::Named => Mode::Named,
         }
     }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use kvdrain::{BlockHandle, Config, Duration, Noticed};
 use kvdrain_driver::Transport;
 use kvdrain_driver::consumer::{
-    ConsumerConfig, ConsumerDriver, ConsumerEvent, ProducerEngine, PushRequest,
+    ConsumerConfig, ConsumerDriver, ConsumerEvent, ReceiveSpec, RemoteProducer,
 };
 use kvdrain_driver::memory::{MemoryFabric, MemoryTransport, MemoryWrite, WriteFault};
 use kvdrain_driver::producer::{Offer, ProducerConfig, ProducerDriver, ProducerEvent};
@@ -69,7 +69,7 @@ pub fn run(o: &Options) -> Summary {
             )
         })
         .collect();
-    let engine = ProducerEngine {
+    let engine = RemoteProducer {
         engine_id: P_ENGINE.into(),
         host: "127.0.0.1".into(),
         port: 0,
@@ -114,7 +114,7 @@ pub fn run(o: &Options) -> Summary {
             }
             let registered = d.engine().register(
                 &mut dt,
-                PushRequest {
+                ReceiveSpec {
                     id: &did,
                     producer_engine: P_ENGINE,
                     remote_request_id: &pid,
@@ -157,13 +157,16 @@ pub fn run(o: &Options) -> Summary {
         let (mut ingest, mut engine) = d.split();
         for (sender, bytes) in &batch {
             if let Ok(Noticed::Decided) = ingest.ingest(sender, bytes) {
-                engine.take_ready();
+                // Taken now so the latency is its own; the events below count it.
+                let _ = engine.take_ready();
                 latencies.saturating_record(
                     u64::try_from(received.elapsed().as_nanos()).unwrap_or(u64::MAX),
                 );
             }
         }
-        engine.poll(&mut dt, now());
+        // Each ready request was taken as its notice decided it; the round's decisions
+        // are counted from the events below.
+        let _ = engine.poll(&mut dt, now());
         while let Some(event) = engine.poll_event() {
             match event {
                 ConsumerEvent::Decode { blocks, .. } => {

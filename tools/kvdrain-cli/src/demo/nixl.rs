@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use kvdrain::{BlockHandle, Outstanding};
-use kvdrain_nixl::consumer::{BlockRelease, Consumer, EngineSide, PushRequest, PushedRequest};
+use kvdrain_nixl::consumer::{BlockRelease, Consumer, EngineSide, ReceiveSpec, TrackedRequest};
 use kvdrain_nixl::handshake::StaticHandshake;
 use kvdrain_nixl::pool::DramPool;
 use kvdrain_nixl::producer::{Fault, FaultInjector, Offer, Pusher, SourceBlocks};
@@ -31,7 +31,7 @@ use super::{Options, P_TP, Percentiles, Progress, Summary, pattern};
 /// The consumer as the demo's loop drives it: on the loop's thread, or as the engine side
 /// of a two-thread pump.
 trait Pump {
-    fn register(&mut self, request: PushRequest<'_>) -> Result<(), String>;
+    fn register(&mut self, request: ReceiveSpec<'_>) -> Result<(), String>;
     /// One round; whether anything happened.
     fn step(&mut self, d: &mut DecodeSide<'_>) -> Result<bool, String>;
     /// Nothing happened in a round: wait for something to do.
@@ -39,7 +39,7 @@ trait Pump {
 }
 
 impl<const N: usize> Pump for Consumer<N> {
-    fn register(&mut self, request: PushRequest<'_>) -> Result<(), String> {
+    fn register(&mut self, request: ReceiveSpec<'_>) -> Result<(), String> {
         let now = self.now();
         let (mut engine, mut nixl) = self.engine();
         engine
@@ -59,7 +59,7 @@ impl<const N: usize> Pump for Consumer<N> {
 }
 
 impl<const N: usize, const E: usize> Pump for EngineSide<'_, N, E> {
-    fn register(&mut self, request: PushRequest<'_>) -> Result<(), String> {
+    fn register(&mut self, request: ReceiveSpec<'_>) -> Result<(), String> {
         let now = self.now();
         let (engine, mut nixl) = self.engine();
         engine
@@ -207,7 +207,7 @@ impl DecodeSide<'_> {
 }
 
 impl BlockRelease for DecodeSide<'_> {
-    fn decode(&mut self, _request: &PushedRequest, blocks: BlockHandle) {
+    fn decode(&mut self, _request: &TrackedRequest, blocks: BlockHandle) {
         let slot = blocks.0;
         let n = lock(self.slots)
             .request
@@ -227,11 +227,11 @@ impl BlockRelease for DecodeSide<'_> {
         self.s.completed += 1;
         lock(self.slots).put_back(slot);
     }
-    fn release(&mut self, _request: &PushedRequest, blocks: BlockHandle, forced: bool) {
+    fn release(&mut self, _request: &TrackedRequest, blocks: BlockHandle, forced: bool) {
         self.s.forced += u64::from(forced);
         lock(self.slots).put_back(blocks.0);
     }
-    fn failed(&mut self, request: &PushedRequest) {
+    fn failed(&mut self, request: &TrackedRequest) {
         self.s.failed += 1;
         let found = lock(self.slots).request_slot(request);
         match found {
@@ -239,7 +239,7 @@ impl BlockRelease for DecodeSide<'_> {
             None => *self.decided += 1,
         }
     }
-    fn expired(&mut self, _request: &PushedRequest, _outstanding: Outstanding) {
+    fn expired(&mut self, _request: &TrackedRequest, _outstanding: Outstanding) {
         self.s.expired += 1;
         *self.decided += 1;
     }
@@ -247,7 +247,7 @@ impl BlockRelease for DecodeSide<'_> {
 
 impl Slots {
     /// The slot and number `n` of D request `d-{n}`.
-    fn request_slot(&self, request: &PushedRequest) -> Option<(u64, u64)> {
+    fn request_slot(&self, request: &TrackedRequest) -> Option<(u64, u64)> {
         let n: u64 = request.id.strip_prefix("d-")?.parse().ok()?;
         self.request.iter().find_map(|(&slot, &m)| {
             (m == n && self.holders.contains_key(&slot)).then_some((slot, n))
@@ -613,7 +613,7 @@ impl Loop<'_> {
                 next += 1;
                 let (pid, did) = (format!("p-{n}"), format!("d-{n}"));
                 starter.start(n, slot)?;
-                pump.register(PushRequest {
+                pump.register(ReceiveSpec {
                     id: &did,
                     producer_engine: P_ENGINE,
                     remote_request_id: &pid,
