@@ -44,6 +44,11 @@ def _hkey(handle: Any) -> Any:
     return handle if isinstance(handle, int) else id(handle)
 
 
+def _hit(faults: set[str], rid: str, edge: str) -> bool:
+    """Whether a fault is set on request ``rid`` (every edge) or on ``edge``."""
+    return rid in faults or edge in faults
+
+
 def _request_of(notif_msg: bytes) -> str:
     return notif_msg.decode("utf-8", "replace").rsplit(":", 1)[0]
 
@@ -109,10 +114,6 @@ class FaultyNixl:
             self._dlist_agent[handle] = name
         return handle
 
-    @staticmethod
-    def _hit(faults: set[str], rid: str, edge: str) -> bool:
-        return rid in faults or edge in faults
-
     def _note(self, times: dict[str, list[float]], rid: str, edge: str) -> None:
         now = time.monotonic()
         times.setdefault(rid, []).append(now)
@@ -126,11 +127,11 @@ class FaultyNixl:
         edge = rid if target is None else f"{rid}@{target}"
         self._note(self.attempted_at, rid, edge)
         with self._lifted:
-            self._lifted.wait_for(lambda: not self._hit(self.hold, rid, edge), timeout=120)
-        if self._hit(self.post_fail, rid, edge):
+            self._lifted.wait_for(lambda: not _hit(self.hold, rid, edge), timeout=120)
+        if _hit(self.post_fail, rid, edge):
             self._note(self.failed_at, rid, edge)
             raise RuntimeError(f"injected: cannot post the WRITE of {rid}")
-        withhold = self._hit(self.backend_error | self.stall, rid, edge)
+        withhold = _hit(self.backend_error | self.stall, rid, edge)
         handle = self._real.make_prepped_xfer(
             op, *args, notif_msg=b"" if withhold else notif_msg, **kw
         )
@@ -147,11 +148,11 @@ class FaultyNixl:
         rid = self._rid_of.get(_hkey(handle), "")
         edge = self._key_of.get(_hkey(handle), rid)
         self.polls[rid] = self.polls.get(rid, 0) + 1
-        if self._hit(self.backend_error, rid, edge):
+        if _hit(self.backend_error, rid, edge):
             self._note(self.failed_at, rid, edge)
             self._withheld.pop(_hkey(handle), None)  # a failed transfer sends no notice
             raise nixlBackendError(f"injected: backend error on the WRITE of {rid}")
-        if self._hit(self.stall, rid, edge):
+        if _hit(self.stall, rid, edge):
             return "PROC"
         state: str = self._real.check_xfer_state(handle)
         if state == "DONE" and _hkey(handle) in self._withheld:

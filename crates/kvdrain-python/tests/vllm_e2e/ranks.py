@@ -179,14 +179,15 @@ class RankWorker:
         self.heads = 1 if mla else NUM_KV_HEADS // tp
         self.head0 = 0 if mla else self.tp_rank * self.heads
         with set_current_vllm_config(cfg):
-            init_distributed_environment(
-                world_size=tp * pp,
-                rank=rank,
-                distributed_init_method=f"tcp://127.0.0.1:{dist_port}",
-                local_rank=rank,
-                backend="gloo",
-            )
-            initialize_model_parallel(tp, pp)
+            if not dist.is_initialized():
+                init_distributed_environment(
+                    world_size=tp * pp,
+                    rank=rank,
+                    distributed_init_method=f"tcp://127.0.0.1:{dist_port}",
+                    local_rank=rank,
+                    backend="gloo",
+                )
+                initialize_model_parallel(tp, pp)
             self.kvcc = self.kv_cache_config(self.layers)
             self.conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, self.kvcc)
         self.worker = self.conn.connector_worker
@@ -322,20 +323,33 @@ class RankWorker:
             "invalid_block_ids": sorted(invalid),
         }
 
-    def info(self) -> dict[str, Any]:
+    def info(self, rid: str | None = None) -> dict[str, Any]:
+        """This rank's agent, counters, fault record, notices and ledger expectations;
+        with ``rid``, only what concerns that request (``REQ`` or ``REQ@AGENT`` keys, its
+        notices)."""
         counters: dict[str, int] = {}
         if hasattr(self.worker, "kvdrain_counters"):
             counters = self.worker.kvdrain_counters()
+        faults = self.faults.set()
+        notices = list(self.notices.seen)
+        expects = dict(self.expects)
+        if rid is not None:
+            faults = {
+                k: {r: v for r, v in d.items() if r == rid or r.startswith(f"{rid}@")}
+                for k, d in faults.items()
+            }
+            notices = [
+                n for n in notices if n[2].rsplit(":", 1)[0].removeprefix("PUSH_FAIL:") == rid
+            ]
+            expects = {r: e for r, e in expects.items() if r == rid}
         return {
             "rank": self.rank,
             "pid": os.getpid(),
             "agent": str(self.faults.name),
             "counters": counters,
-            "faults": self.faults.set(),
-            "notices": list(self.notices.seen),
-            "expects": {
-                rid: (e if isinstance(e, int) else list(e)) for rid, e in self.expects.items()
-            },
+            "faults": faults,
+            "notices": notices,
+            "expects": {r: (e if isinstance(e, int) else list(e)) for r, e in expects.items()},
         }
 
     def do(self, op: str, kw: dict[str, Any]) -> Any:
@@ -387,8 +401,9 @@ class Scheduler:
         self.sched.set_xfer_handshake_metadata_pp_aware(md)
 
     def fan(self, op: str, **kw: Any) -> list[Any]:
-        """Runs ``op`` on every rank (this one included); answers in rank order."""
-        msg: list[Any] = [(op, kw)]
+        """Runs ``op`` on this engine's worker on every rank (this one included);
+        answers in rank order."""
+        msg: list[Any] = [(self.me.engine_id, op, kw)]
         dist.broadcast_object_list(msg, src=0)
         mine = self.me.do(op, dict(kw))
         out: list[Any] = [None] * self.world
@@ -591,7 +606,7 @@ class Scheduler:
     def report(self, final: bool = False, rids: list[str] | None = None) -> Any:
         if final and self.free:
             self._merge(self.fan("scan_free", blocks=list(self.free), where="free"))
-        ranks = self.fan("info") if final else []
+        ranks = self.fan("info", rid=rids[0] if rids and len(rids) == 1 else None) if final else []
         want = set(rids) if rids is not None else None
 
         def keep(rid: str) -> bool:
@@ -617,32 +632,48 @@ class Scheduler:
     def fault_send(self, **kw: Any) -> Any:
         return self.fan("fault_send", **kw)
 
-    def ranks(self) -> Any:
-        return self.fan("info")
+    def ranks(self, rid: str | None = None) -> Any:
+        return self.fan("info", rid=rid)
 
 
 def main() -> None:
-    role, which, engine_id = sys.argv[1], sys.argv[2], sys.argv[3]
-    tp, pp, rank, dist_port = (int(x) for x in sys.argv[4:8])
-    extra = json.loads(sys.argv[8])
-    mla = sys.argv[9] == "mla"
+    """``ranks.py ROLE TP PP RANK DIST_PORT ENGINES EXTRA``: ENGINES is a JSON list of
+    ``{"which", "engine_id", "mla"}``, the engines of this shape whose rank RANK this
+    process is (one process group per shape: the ranks of several engines of one role
+    share processes, never a P with a D)."""
+    role = sys.argv[1]
+    tp, pp, rank, dist_port = (int(x) for x in sys.argv[2:6])
+    specs = json.loads(sys.argv[6])
+    extra = json.loads(sys.argv[7])
     out = sys.stdout
     sys.stdout = sys.stderr  # vLLM's logs and prints go to stderr; stdout is the channel
-    me = RankWorker(role, which, engine_id, tp, pp, rank, dist_port, extra, mla)
-    payloads: list[Any] = [None] * me.world
-    dist.gather_object(me.handshake_payload(), payloads if rank == 0 else None, dst=0)
+    workers: dict[str, RankWorker] = {}
+    for spec in specs:
+        w = RankWorker(
+            role, spec["which"], spec["engine_id"], tp, pp, rank, dist_port, extra, spec["mla"]
+        )
+        workers[w.engine_id] = w
+    world = tp * pp
+    payloads: dict[str, list[Any]] = {}
+    for eid, w in workers.items():
+        got: list[Any] = [None] * world
+        dist.gather_object(w.handshake_payload(), got if rank == 0 else None, dst=0)
+        payloads[eid] = got
     if rank != 0:
         while True:
             msg: list[Any] = [None]
             dist.broadcast_object_list(msg, src=0)
-            op, kw = msg[0]
+            eid, op, kw = msg[0]
             if op == "quit":
                 os._exit(0)
-            dist.gather_object(me.do(op, kw), None, dst=0)
-    sched = Scheduler(me)
-    sched.serve_handshakes(payloads)
-    info = sched.ranks()
-    out.write(json.dumps({"ready": True, "port": sched.port, "ranks": info}) + "\n")
+            dist.gather_object(workers[eid].do(op, kw), None, dst=0)
+    scheds: dict[str, Scheduler] = {}
+    hello: dict[str, Any] = {}
+    for eid, w in workers.items():
+        sched = scheds[eid] = Scheduler(w)
+        sched.serve_handshakes(payloads[eid])
+        hello[eid] = {"port": sched.port, "ranks": sched.ranks()}
+    out.write(json.dumps({"ready": True, "engines": hello}) + "\n")
     out.flush()
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -650,14 +681,15 @@ def main() -> None:
         result: Any
         try:
             if op == "quit":
-                dist.broadcast_object_list([("quit", {})], src=0)
+                dist.broadcast_object_list([("", "quit", {})], src=0)
                 out.write(json.dumps({"ok": True}) + "\n")
                 out.flush()
                 break
+            sched = scheds[cmd.pop("engine")]
             if op == "agent_md":
                 result = {
-                    "name": me.faults.name,
-                    "md": base64.b64encode(me.faults.get_agent_metadata()).decode(),
+                    "name": sched.me.faults.name,
+                    "md": base64.b64encode(sched.me.faults.get_agent_metadata()).decode(),
                 }
             else:
                 result = getattr(sched, op)(**cmd)

@@ -1,6 +1,6 @@
 """End to end over real NIXL with every rank its own process: heterogeneous TP, MLA, PP.
 
-Each engine is a :class:`topo.Group`: ``tp × pp`` processes in one gloo group, each rank
+Each engine is a :class:`topo.Engine`: ``tp × pp`` processes in one gloo group, each rank
 with its own NIXL agent and DRAM cache, rank 0 also the engine's scheduler (it serves
 every rank's handshake metadata on the side channel and aggregates the ranks' reports
 with vLLM's ``KVOutputAggregator``). One fleet per connector starts once (seven engines,
@@ -43,8 +43,7 @@ from typing import Any
 
 import pytest
 
-from e2e import run_until
-from topo import SUMMARY, Group
+from topo import SUMMARY, Engine, Host, run_until
 
 ROOT = Path(__file__).resolve().parents[4]
 REPORT = Path(
@@ -66,15 +65,16 @@ WATCH_S = 1.0  # each control run is watched this long past its last write, then
 HANG_S = (DEADLINE_MS + QUARANTINE_MS) / 1000 + 2  # every hang at least this long, at the end
 N_BLOCKS = 2
 
-ENGINES: dict[str, dict[str, Any]] = {
-    "P2": {"role": "P", "tp": 2},
-    "P1": {"role": "P", "tp": 1},
-    "Ppp": {"role": "P", "pp": 2},
-    "Pmla": {"role": "P", "tp": 2, "mla": True},
-    "D1": {"role": "D", "tp": 1},
-    "D2": {"role": "D", "tp": 2},
-    "Dmla": {"role": "D", "tp": 1, "mla": True},
+# Process groups (one per role and shape; a process hosts rank r of each of its
+# engines, for both connectors): name -> (role, tp, pp, engines on it).
+HOSTS: dict[str, tuple[str, int, int, list[tuple[str, bool]]]] = {
+    "P-tp2": ("P", 2, 1, [("P2", False), ("Pmla", True)]),
+    "P-tp1": ("P", 1, 1, [("P1", False)]),
+    "P-pp2": ("P", 1, 2, [("Ppp", False)]),
+    "D-tp1": ("D", 1, 1, [("D1", False), ("Dmla", True)]),
+    "D-tp2": ("D", 2, 1, [("D2", False)]),
 }
+CONNECTORS = ("plugin", "control")
 # topology -> (P engine, D engine, runs per seed scenario)
 TOPOLOGIES: dict[str, tuple[str, str, int]] = {
     "tp2-tp1": ("P2", "D1", 10),
@@ -94,7 +94,7 @@ def producer_ranks(d_rank: int, d_tp: int, p_tp: int) -> list[int]:
     return [d_rank * p_tp // d_tp]
 
 
-def edges_of(P: Group, D: Group) -> list[tuple[int, int]]:
+def edges_of(P: Engine, D: Engine) -> list[tuple[int, int]]:
     """(P global rank, D rank) of every WRITE of one request."""
     return [
         (stage * P.tp + p, d)
@@ -104,59 +104,71 @@ def edges_of(P: Group, D: Group) -> list[tuple[int, int]]:
     ]
 
 
-class Fleet:
-    def __init__(self, which: str, workdir: Path) -> None:
-        self.which = which
-        self.groups: dict[str, Group] = {}
-        self.hung: list[tuple[str, str, float]] = []  # (D engine, rid, last write)
-        self._index = 0
+class Hosts:
+    """Every rank process, started together: eight processes, each with the workers of
+    its engines for both connectors (four NIXL agents at most)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.hosts: dict[str, Host] = {}
         try:
-            for name, shape in ENGINES.items():
-                self.groups[name] = Group(
-                    shape["role"],
-                    which,
-                    f"{name}-{which}",
-                    workdir,
-                    tp=shape.get("tp", 1),
-                    pp=shape.get("pp", 1),
-                    mla=shape.get("mla", False),
-                    transport=TRANSPORT,
-                    extra=EXTRA,
+            for name, (role, tp, pp, engines) in HOSTS.items():
+                specs = [
+                    {"which": which, "engine_id": f"{e}-{which}", "mla": mla}
+                    for e, mla in engines
+                    for which in CONNECTORS
+                ]
+                self.hosts[name] = Host(
+                    role, specs, workdir, tp=tp, pp=pp, transport=TRANSPORT, extra=EXTRA
                 )
-            for g in self.groups.values():
-                g.wait_ready()
+            for h in self.hosts.values():
+                h.wait_ready()
         except BaseException:
             self.close()
             raise
+        self.fleets = {which: Fleet(self, which) for which in CONNECTORS}
+
+    def close(self) -> None:
+        for h in self.hosts.values():
+            h.close()
+
+
+class Fleet:
+    """One connector's engines (``P2`` ... ``Dmla``) on the shared hosts."""
+
+    def __init__(self, hosts: Hosts, which: str) -> None:
+        self.which = which
+        self.groups: dict[str, Engine] = {}
+        for h in hosts.hosts.values():
+            for eid, e in h.engines.items():
+                name, _, conn = eid.rpartition("-")
+                if conn == which:
+                    self.groups[name] = e
+        self.hung: list[tuple[str, str, float]] = []  # (D engine, rid, last write)
+        self._index = 1000 if which == "control" else 0
 
     def index(self) -> int:
         self._index += 1
         return self._index
 
-    def alive(self) -> list[Group]:
+    def alive(self) -> list[Engine]:
         return [g for g in self.groups.values() if g.alive()]
 
-    def close(self) -> None:
-        for g in self.groups.values():
-            g.close()
 
-
-@pytest.fixture(scope="module", params=["plugin", "control"])
-def fleet(request: pytest.FixtureRequest) -> Iterator[Fleet]:
-    which: str = request.param
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[Hosts]:
     start = time.monotonic()
-    workdir = REPORT.parent / f"topologies-{which}"
+    workdir = REPORT.parent / "topologies"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     REPORT.parent.mkdir(parents=True, exist_ok=True)
-    if which == "plugin":
-        REPORT.write_text("")
-    f = Fleet(which, workdir)
-    _write({"event": "fleet_ready", "connector": which, "seconds": round(time.monotonic() - start, 1)})
+    REPORT.write_text("")
+    h = Hosts(workdir)
+    _write({"event": "hosts_ready", "seconds": round(time.monotonic() - start, 1)})
+    SUMMARY.startup_s = time.monotonic() - start
     try:
-        yield f
+        yield h
     finally:
-        f.close()
+        h.close()
 
 
 def _write(line: dict[str, Any]) -> None:
@@ -217,17 +229,31 @@ class Run:
     def p_faults(self) -> list[dict[str, Any]]:
         """Each P rank's fault record (the last one read, once P is dead)."""
         if self.P.alive():
-            self._faults = [r["faults"] for r in self.P.call("ranks")]
+            self._faults = [r["faults"] for r in self.P.call("ranks", rid=self.rid)]
         return self._faults
 
     def d_notices(self) -> list[list[tuple[float, str, str]]]:
-        return [[tuple(n) for n in r["notices"]] for r in self.D.call("ranks")]  # type: ignore[misc]
+        return [[tuple(n) for n in r["notices"]] for r in self.D.call("ranks", rid=self.rid)]
 
-    def has_notice(self, p_rank: int, d_rank: int, failure: bool) -> bool:
+    def posted(self, edges: list[tuple[int, int]]) -> bool:
+        """Every WRITE of ``edges`` is posted (one read of every P rank's record)."""
+        f = self.p_faults()
+        return all(f[p]["posted"].get(self.rid, 0) > 0 for p, _ in edges)
+
+    def failed(self, edges: list[tuple[int, int]]) -> bool:
+        """P saw the injected failure of every WRITE of ``edges``."""
+        f = self.p_faults()
+        return all(self.edge_key(q) in f[p]["failed_at"] for p, q in edges)
+
+    def noticed(self, edges: list[tuple[int, int]], failure: bool) -> bool:
+        """D has each edge's notice (its completion, or with ``failure`` its
+        ``PUSH_FAIL``) from the edge's P agent (one read of every D rank's log)."""
         body = f"{self.rid}:{self.P.tp}"
         want = f"PUSH_FAIL:{body}" if failure else body
-        agent = self.P.agents[p_rank]
-        return any(a == agent and m == want for _, a, m in self.d_notices()[d_rank])
+        seen = self.d_notices()
+        return all(
+            any(a == self.P.agents[p] and m == want for _, a, m in seen[q]) for p, q in edges
+        )
 
     def _ends(self) -> dict[tuple[int, int], float]:
         """When each edge's WRITE ended on its P rank: NIXL's DONE, or the injected
@@ -350,7 +376,7 @@ def check_edges(run: Run, line: dict[str, Any]) -> None:
     for MLA (the plugin's documented limit)."""
     if run.fleet.which != "plugin":
         return
-    want = "counted" if run.P.mla else "named"
+    want = "counted" if run.topology.startswith("mla") else "named"
     assert line["edges"] == [want] * run.D.tp, line
 
 
@@ -360,15 +386,22 @@ def plugin_ok(line: dict[str, Any]) -> None:
     assert not line["blocks_held"], line
 
 
-@pytest.fixture(scope="module")
-def warm(fleet: Fleet) -> Fleet:
-    """One request per topology first, so every handshake (D to each P rank for the
-    PUSH_REG, each P rank to D for the WRITEs) is done before anything is timed."""
-    for topology in TOPOLOGIES:
-        run = Run(fleet, topology, "warm_up", 0)
-        run.start()
-        run.until(run.resolved, 120)
-        run.finish(failing=[], kind=None)
+_WARM: set[str] = set()
+
+
+@pytest.fixture(params=CONNECTORS)
+def warm(hosts: Hosts, request: pytest.FixtureRequest) -> Fleet:
+    """The connector's fleet; first one request per topology, so every handshake (D to
+    each P rank for the PUSH_REG, each P rank to D for the WRITEs) is done before
+    anything is timed."""
+    fleet = hosts.fleets[request.param]
+    if fleet.which not in _WARM:
+        _WARM.add(fleet.which)
+        for topology in TOPOLOGIES:
+            run = Run(fleet, topology, "warm_up", 0)
+            run.start()
+            run.until(run.resolved, 120)
+            run.finish(failing=[], kind=None)
     return fleet
 
 
@@ -405,7 +438,8 @@ def _set(run: Run, edges: list[tuple[int, int]], **faults: bool) -> None:
     for p, q in edges:
         per_rank.setdefault(p, []).append(run.edge_key(q))
     for p, keys in per_rank.items():
-        run.P.call("fault", ranks=[p], **{k: keys for k, on in faults.items() if on})
+        kw: dict[str, Any] = {k: keys for k, on in faults.items() if on}
+        run.P.call("fault", ranks=[p], **kw)
 
 
 def _seed(fleet: Fleet, topology: str, order: str) -> None:
@@ -423,14 +457,9 @@ def _seed(fleet: Fleet, topology: str, order: str) -> None:
             # P saw the failure, the others' WRITEs are posted (their bytes may land,
             # their notices are held); the plugin's PUSH_FAIL reached D.
             assert run.until(
-                lambda: all(
-                    run.rid in run.p_faults()[p]["failed_at"] for p, _ in failing
-                )
-                and all(run.p_faults()[p]["posted"].get(run.rid, 0) > 0 for p, _ in others)
-                and (
-                    fleet.which != "plugin"
-                    or all(run.has_notice(p, q, True) for p, q in failing)
-                )
+                lambda: run.failed(failing)
+                and run.posted(others)
+                and (fleet.which != "plugin" or run.noticed(failing, True))
             )
             run.until(lambda: False, 0.2)
             early = run.told()
@@ -447,7 +476,7 @@ def _seed(fleet: Fleet, topology: str, order: str) -> None:
                 _set(run, failing, stall=True)
             run.start()
             # The others land first (their completions are at D) ...
-            assert run.until(lambda: all(run.has_notice(p, q, False) for p, q in others))
+            assert run.until(lambda: run.noticed(others, False))
             run.until(lambda: False, 0.2)
             assert run.told() == [] and not run.released()
             # ... then the chosen one fails.
@@ -468,10 +497,9 @@ def _seed(fleet: Fleet, topology: str, order: str) -> None:
                 assert line["decision_s"] is not None and line["decision_s"] > 0, line
             plugin_ok(line)
         else:
+            # Every WRITE ended; the hang is watched at the end (test_fleet_end), with
+            # every engine stepped, at least HANG_S past this one's last write.
             assert run.until(run.ended)
-            # Watched past the last WRITE for a report the plugin has given by then.
-            last = run.last_write() or time.monotonic()
-            run.until(lambda: bool(run.told()) or time.monotonic() > last + WATCH_S)
             line = run.finish(failing=failing, kind=kind, followup=run.followup())
             assert line["told"] == [] and line["blocks_held"], line
             fleet.hung.append((run.D.engine_id, run.rid, run.last_write() or time.monotonic()))
@@ -503,7 +531,7 @@ def test_abort_while_writing(warm: Fleet, topology: str) -> None:
     _set(run, run.edges, stall=True)
     run.start()
     assert run.until(
-        lambda: all(run.p_faults()[p]["posted"].get(run.rid, 0) > 0 for p, _ in run.edges)
+        lambda: run.posted(run.edges)
     )
     run.D.call("abort", rid=run.rid)
     run.until(lambda: False, 0.3)
@@ -528,41 +556,46 @@ def test_abort_while_writing(warm: Fleet, topology: str) -> None:
 
 
 @pytest.mark.parametrize("topology", ["tp2-tp1", "pp2-tp1"])
-def test_producer_rank_killed_mid_write(warm: Fleet, topology: str) -> None:
+def test_producer_rank_killed_mid_write(hosts: Hosts, topology: str) -> None:
     """P rank 1 posts its WRITE (bytes landed, notice held) and is killed; rank 0's
     landed. The plugin D finds the lost agent on its next heartbeat, fails the request
     and frees the blocks after settling, well before its deadline; vLLM's D waits.
-    Last for these P engines: a dead rank ends its engine."""
-    fleet = warm
-    run = Run(fleet, topology, "p_rank_killed", 0)
-    failing = [e for e in run.edges if e[0] == 1]
-    others = [e for e in run.edges if e[0] != 1]
-    _set(run, failing, stall=True)
-    run.start()
-    assert run.until(
-        lambda: run.p_faults()[1]["posted"].get(run.rid, 0) > 0
-        and all(run.has_notice(p, q, False) for p, q in others)
-    )
-    killed_at = time.monotonic()
-    run.P.kill_rank(1)
-    if fleet.which == "plugin":
-        assert run.until(run.resolved)
-        told_at = run.d()["told_at"][run.rid]
-        line = run.finish(
-            failing=failing,
-            kind="killed",
-            last=killed_at,
-            decision_after_kill_s=round(told_at[0] - killed_at, 3),
-            release_after_kill_s=round(told_at[-1] - killed_at, 3),
+    Both connectors in one run: rank 1's process holds both connectors' rank 1 (and
+    every other engine of its host), so this comes last for those engines."""
+    runs = {which: Run(hosts.fleets[which], topology, "p_rank_killed", 0) for which in CONNECTORS}
+    for run in runs.values():
+        failing = [e for e in run.edges if e[0] == 1]
+        _set(run, failing, stall=True)
+        run.start()
+    for run in runs.values():
+        others = [e for e in run.edges if e[0] != 1]
+        assert run.until(
+            lambda: run.posted([e for e in run.edges if e[0] == 1])
+            and run.noticed(others, False)
         )
-        assert line["told"] == ["invalid_blocks", "failed_recving"], line
-        assert line["decision_after_kill_s"] < DEADLINE_MS / 1000 - 1, line
-        plugin_ok(line)
-    else:
-        assert not run.until(lambda: bool(run.told()), WATCH_S + 1)
-        line = run.finish(failing=failing, kind="killed", last=killed_at)
-        assert line["told"] == [] and line["blocks_held"], line
-        fleet.hung.append((run.D.engine_id, run.rid, killed_at))
+    for run in runs.values():
+        run.p_faults()  # the last record before the kill
+    killed_at = time.monotonic()
+    runs["plugin"].P.kill_rank(1)
+    plugin, control = runs["plugin"], runs["control"]
+    failing = [e for e in plugin.edges if e[0] == 1]
+    both = [plugin.D, control.D]
+    run_until(both, lambda: plugin.resolved(), BOUND_S)
+    told_at = plugin.d()["told_at"].get(plugin.rid, [killed_at])
+    line = plugin.finish(
+        failing=failing,
+        kind="killed",
+        last=killed_at,
+        decision_after_kill_s=round(told_at[0] - killed_at, 3),
+        release_after_kill_s=round(told_at[-1] - killed_at, 3),
+    )
+    assert line["told"] == ["invalid_blocks", "failed_recving"], line
+    assert line["decision_after_kill_s"] < DEADLINE_MS / 1000 - 1, line
+    plugin_ok(line)
+    run_until(both, lambda: bool(control.told()) or time.monotonic() > killed_at + WATCH_S, BOUND_S)
+    cline = control.finish(failing=failing, kind="killed", last=killed_at)
+    assert cline["told"] == [] and cline["blocks_held"], cline
+    control.fleet.hung.append((control.D.engine_id, control.rid, killed_at))
 
 
 def test_fleet_end(warm: Fleet) -> None:
