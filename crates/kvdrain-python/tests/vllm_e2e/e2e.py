@@ -140,6 +140,9 @@ class EngineProc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()  # else pytest reports the unclosed pipes at exit (an error)
         self._log.close()
 
 
