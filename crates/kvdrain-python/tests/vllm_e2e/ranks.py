@@ -14,6 +14,9 @@ once per engine step sends the scheduler's connector metadata to every rank
 
 Only rank 0 talks to the test (JSON lines on stdin/stdout, as ``engine.py``); the other
 ranks run what rank 0 broadcasts. Block checks run on every rank, on its own cache.
+Several engines of one role and shape (both connectors' of it, say) share one set of rank
+processes and their gloo group: each has its own worker, agent, cache and, on rank 0,
+scheduler and side channel; every broadcast names its engine (``main``).
 
 Stamps: element values name the request, the block's position in it, the layer and the
 global KV head (``stamp``): P fills its heads of its layers; D checks that each of its
