@@ -10,14 +10,14 @@ include scripts/toolchains
 export NIGHTLY
 
 .PHONY: tools-check package package-crates package-python
-.PHONY: demo test setup setup-nixl setup-tools check fmt clippy clippy-cfg doc deny unit release-suites nostd msrv loom miri fuzz-smoke replay python python-test vllm mypy-vllm test-vllm test-vllm-e2e bench-vllm bench-python c-header c-header-check c-test install
+.PHONY: demo test setup setup-nixl setup-tools check fmt clippy clippy-cfg doc deny unit release-suites nostd msrv loom miri fuzz-smoke replay python python-test vllm mypy-vllm test-vllm test-vllm-e2e test-vllm-topo bench-vllm bench-python c-header c-header-check c-test install
 
 ## The main job: P(TP=2) -> D(TP=1) over real NIXL in one process.
 demo: setup-nixl
 	$(CARGO) run --release -p kvdrain-cli --features nixl -- demo $(DEMO_ARGS)
 
 ## Every test and check CI runs.
-test: setup check unit release-suites nostd msrv loom miri fuzz-smoke python-test test-vllm test-vllm-e2e c-test package
+test: setup check unit release-suites nostd msrv loom miri fuzz-smoke python-test test-vllm test-vllm-e2e test-vllm-topo c-test package
 	@echo "make test: all suites passed"
 
 setup: setup-nixl setup-tools
@@ -157,10 +157,20 @@ test-vllm: vllm mypy-vllm
 ## Then completion, reuse and a post failure again over UCX's own on-host transports
 ## (shared memory and CMA), in target/vllm-e2e/report-shm.jsonl.
 test-vllm-e2e: vllm
-	cd $(PY) && ../../.venv-vllm/bin/python -m pytest -q tests/vllm_e2e
+	cd $(PY) && ../../.venv-vllm/bin/python -m pytest -q tests/vllm_e2e/test_e2e.py
 	cd $(PY) && KVDRAIN_E2E_TRANSPORT=shm \
 		KVDRAIN_E2E_REPORT=../../target/vllm-e2e/report-shm.jsonl \
-		../../.venv-vllm/bin/python -m pytest -q tests/vllm_e2e -k "completion or reuse or post_failure"
+		../../.venv-vllm/bin/python -m pytest -q tests/vllm_e2e/test_e2e.py -k "completion or reuse or post_failure"
+
+## End to end with every rank its own process (tests/vllm_e2e/test_topologies.py): P TP=2
+## -> D TP=1, TP=1 -> TP=2, TP=2 -> TP=2, an MLA model TP=2 -> TP=1, P PP=2 -> D TP=1,
+## each rank a process in its engine's gloo group with its own NIXL agent and DRAM cache;
+## the seed's three scenarios (10 runs on TP 2->1, 3 on the others), an abort on D while
+## every edge writes and a P rank killed mid-write, through the plugin and vLLM's own
+## connector; one JSON line per run in target/vllm-e2e/topologies.jsonl, the table in
+## pytest's summary (docs/vllm.md, "Every rank its own process").
+test-vllm-topo: vllm
+	cd $(PY) && ../../.venv-vllm/bin/python -m pytest -q tests/vllm_e2e/test_topologies.py
 
 ## The plugin's cost per engine step and per notification next to vLLM 0.33's own path.
 bench-vllm: vllm

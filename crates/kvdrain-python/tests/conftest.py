@@ -1,7 +1,7 @@
 """What the three suites share (``unit/`` in ``.venv``; ``vllm/`` and ``vllm_e2e/`` in
 ``.venv-vllm``, with ``vllm_cpu`` beside this file): a fake monotonic clock, the vLLM
-suites' warning filters, and the randomized check's figures in pytest's terminal summary
-(visible with ``-q`` too)."""
+suites' warning filters, and the randomized check's figures and the multi-rank end-to-end
+table in pytest's terminal summary (visible with ``-q`` too)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     oracle = sys.modules.get("randomized_oracle")
-    if oracle is None or not oracle.SUMMARY.rows:
-        return
-    terminalreporter.section("kvdrain randomized check")
-    for line in oracle.SUMMARY.lines():
-        terminalreporter.write_line(line)
+    if oracle is not None and oracle.SUMMARY.rows:
+        terminalreporter.section("kvdrain randomized check")
+        for line in oracle.SUMMARY.lines():
+            terminalreporter.write_line(line)
+    topo = sys.modules.get("topo")  # tests/vllm_e2e/test_topologies.py
+    if topo is not None and topo.SUMMARY.rows:
+        terminalreporter.section("kvdrain multi-rank end to end (topology x scenario x connector)")
+        for line in topo.SUMMARY.lines():
+            terminalreporter.write_line(line)

@@ -1,0 +1,708 @@
+"""One engine of the multi-rank run: every rank its own process, in one gloo group.
+
+An engine with TP=``tp`` and PP=``pp`` is ``tp × pp`` processes. Each calls vLLM's
+``init_distributed_environment`` (backend ``gloo``, world size ``tp × pp``, its own rank)
+and ``initialize_model_parallel(tp, pp)``, builds the connector with the worker role
+from vLLM's factory, creates its own NIXL agent (UCX) and registers its own DRAM KV cache:
+its stage's layers, its share of the KV heads. Rank 0 is also the engine's scheduler
+process, as in vLLM: it builds the connector with the scheduler role, serves every rank's
+handshake metadata on the engine's side channel (``set_xfer_handshake_metadata_pp_aware``
+with one payload per ``(pp_rank, tp_rank)``, gathered from the ranks over gloo), and
+once per engine step sends the scheduler's connector metadata to every rank
+(``broadcast_object_list``) and aggregates their reports with vLLM's own
+``KVOutputAggregator`` (``gather_object``), as vLLM's executor does.
+
+Only rank 0 talks to the test (JSON lines on stdin/stdout, as ``engine.py``); the other
+ranks run what rank 0 broadcasts. Block checks run on every rank, on its own cache.
+Several engines of one role and shape (both connectors' of it, say) share one set of rank
+processes and their gloo group: each has its own worker, agent, cache and, on rank 0,
+scheduler and side channel; every broadcast names its engine (``main``).
+
+Stamps: element values name the request, the block's position in it, the layer and the
+global KV head (``stamp``): P fills its heads of its layers; D checks that each of its
+heads of each layer holds the value P's owning rank wrote, so a WRITE into the wrong head
+slice, layer or block shows. The MLA cache (one latent per token, replicated) uses head 0.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import vllm_cpu  # before any connector module: selects vLLM's CPU platform
+from vllm.config import set_current_vllm_config
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.parallel_state import (
+    init_distributed_environment,
+    initialize_model_parallel,
+)
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MLAAttentionSpec,
+)
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm_cpu import BLOCK_SIZE, HEAD_SIZE, LAYERS, NUM_KV_HEADS
+
+from engine import FENCED, FREE, free_port
+from faults import FaultyNixl
+
+NUM_BLOCKS = 160
+MLA_LATENT = 48  # kv_lora_rank 32 + qk_rope_head_dim 16
+MLA_LAYERS = ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+
+
+def stamp(index: int, pos: int, layer: int, head: int) -> float:
+    """Every element of request ``index``'s ``pos``-th block, in layer ``layer`` and
+    global KV head ``head``: exact in float32 below 2**24."""
+    return float(index * 1000 + pos * 8 + layer * 4 + head + 1)
+
+
+def owner_of(value: float) -> int:
+    return int(value) // 1000
+
+
+class NoticeLog:
+    """The agent below every wrapper: records each decode-bound notice as it comes off
+    NIXL (time, sender agent, bytes), then hands the batch on unchanged."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.seen: list[tuple[float, str, str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def get_new_notifs(self, *args: Any, **kw: Any) -> Any:
+        batch = self._real.get_new_notifs(*args, **kw)
+        now = time.monotonic()
+        for agent, msgs in batch.items():
+            for m in msgs:
+                if not (m.startswith(b"PUSH_REG:") or m.startswith(b"HB:")):
+                    self.seen.append((now, str(agent), m.decode("utf-8", "replace")))
+        return batch
+
+
+def mla_model_dir(root: Path) -> str:
+    """A tiny DeepSeek-V2 ``config.json`` (MLA: one latent of ``MLA_LATENT`` per token,
+    replicated on every TP rank)."""
+    d = root / "tiny-deepseek"
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = {
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v2",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": len(MLA_LAYERS),
+        "kv_lora_rank": 32,
+        "q_lora_rank": None,
+        "qk_rope_head_dim": 16,
+        "qk_nope_head_dim": 16,
+        "v_head_dim": 16,
+        "n_routed_experts": 1,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 1,
+        "first_k_dense_replace": 2,
+        "vocab_size": 256,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "torch_dtype": "float32",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
+class RankWorker:
+    """What every rank holds: its connector (worker role), its NIXL agent and cache."""
+
+    def __init__(
+        self,
+        role: str,
+        which: str,
+        engine_id: str,
+        tp: int,
+        pp: int,
+        rank: int,
+        dist_port: int,
+        extra: dict[str, Any],
+        mla: bool,
+    ) -> None:
+        self.role, self.which, self.engine_id = role, which, engine_id
+        self.tp, self.pp, self.rank, self.world = tp, pp, rank, tp * pp
+        self.tp_rank, self.stage = rank % tp, rank // tp
+        self.mla = mla
+        root = Path(os.environ["KVDRAIN_E2E_DIR"])
+        cfg = vllm_cpu.vllm_config(
+            which,
+            model_root=root,
+            role="kv_producer" if role == "P" else "kv_consumer",
+            engine_id=engine_id,
+            num_blocks=NUM_BLOCKS,
+            tp=tp,
+            extra=extra,
+        )
+        if mla:
+            from vllm.config import ModelConfig
+
+            cfg.model_config = ModelConfig(
+                model=mla_model_dir(root), skip_tokenizer_init=True, dtype="float32"
+            )
+        cfg.parallel_config.pipeline_parallel_size = pp
+        cfg.parallel_config.world_size = tp * pp
+        cfg.parallel_config.rank = rank
+        # Heads contiguous within a block (LBHNC): vLLM splits a block by heads across
+        # TP ranks of different sizes.
+        cfg.cache_config.kv_cache_layout = "HND"
+        self.cfg = cfg
+        names = MLA_LAYERS if mla else LAYERS
+        per_stage = len(names) // pp
+        self.layer_ids = list(range(self.stage * per_stage, (self.stage + 1) * per_stage))
+        self.layers = [names[i] for i in self.layer_ids]
+        self.heads = 1 if mla else NUM_KV_HEADS // tp
+        self.head0 = 0 if mla else self.tp_rank * self.heads
+        with set_current_vllm_config(cfg):
+            if not dist.is_initialized():
+                init_distributed_environment(
+                    world_size=tp * pp,
+                    rank=rank,
+                    distributed_init_method=f"tcp://127.0.0.1:{dist_port}",
+                    local_rank=rank,
+                    backend="gloo",
+                )
+                initialize_model_parallel(tp, pp)
+            self.kvcc = self.kv_cache_config(self.layers)
+            self.conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, self.kvcc)
+        self.worker = self.conn.connector_worker
+        # Wrappers, innermost first: the real agent; the notice log; the faults; the
+        # plugin's tap (built around the agent with the plugin's worker). The faults sit
+        # below the tap, where NIXL is: the plugin sees an injected error as NIXL's.
+        wrapper = self.worker.nixl_wrapper
+        tapped = hasattr(wrapper, "agent") and hasattr(wrapper, "_decode")
+        self.notices = NoticeLog(wrapper.agent if tapped else wrapper)
+        self.faults = FaultyNixl(self.notices)
+        if tapped:
+            wrapper.agent = self.faults
+        else:
+            self.worker.nixl_wrapper = self.faults
+        # What the plugin's ledger was told to expect per request on this rank: named
+        # edges (the producer agents) or vLLM's count.
+        self.expects: dict[str, Any] = {}
+        decode = getattr(self.worker, "kvdrain_decode", None)
+        if decode is not None:
+            register = decode.register
+
+            def recording_register(rid: str, groups: Any, expect: Any, report: Any) -> Any:
+                self.expects[rid] = expect
+                return register(rid, groups, expect, report)
+
+            decode.register = recording_register
+        shape = (
+            (NUM_BLOCKS, BLOCK_SIZE, MLA_LATENT)
+            if mla
+            else (NUM_BLOCKS, self.heads, BLOCK_SIZE, 2 * HEAD_SIZE)
+        )
+        self.caches = {name: torch.full(shape, FREE, dtype=torch.float32) for name in self.layers}
+        self.conn.register_kv_caches(self.caches)
+        self.block_bytes = sum(t[0].numel() * t.element_size() for t in self.caches.values())
+
+    def kv_cache_config(self, layers: list[str]) -> KVCacheConfig:
+        spec: Any
+        if self.mla:
+            spec = MLAAttentionSpec(
+                block_size=BLOCK_SIZE, num_kv_heads=1, head_size=MLA_LATENT, dtype=torch.float32
+            )
+        else:
+            spec = FullAttentionSpec(
+                block_size=BLOCK_SIZE,
+                num_kv_heads=self.heads,
+                head_size=HEAD_SIZE,
+                dtype=torch.float32,
+            )
+        return KVCacheConfig(
+            num_blocks=NUM_BLOCKS,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(list(layers), spec)],
+        )
+
+    def handshake_payload(self) -> bytes:
+        return pickle.dumps(self.conn.get_handshake_metadata())
+
+    # -- block operations, on this rank's cache ---------------------------------------- #
+
+    def _heads_view(self, layer: str, b: int) -> torch.Tensor:
+        """(heads, elements) of block ``b`` of ``layer`` on this rank."""
+        t = self.caches[layer][b]
+        return t.reshape(1, -1) if self.mla else t.reshape(self.heads, -1)
+
+    def fill(self, blocks: list[int], value: float) -> None:
+        for t in self.caches.values():
+            for b in blocks:
+                t[b].fill_(value)
+
+    def stamp(self, blocks: list[int], index: int) -> None:
+        for li, layer in zip(self.layer_ids, self.layers):
+            for pos, b in enumerate(blocks):
+                v = self._heads_view(layer, b)
+                for h in range(v.shape[0]):
+                    v[h].fill_(stamp(index, pos, li, self.head0 + h))
+
+    def check(self, blocks: list[int], index: int, rid: str) -> dict[str, Any]:
+        """The stamps when decoding would start: every head of every layer of every
+        block holds what its producer rank wrote."""
+        bad: list[str] = []
+        for li, layer in zip(self.layer_ids, self.layers):
+            for pos, b in enumerate(blocks):
+                v = self._heads_view(layer, b)
+                for h in range(v.shape[0]):
+                    want = stamp(index, pos, li, self.head0 + h)
+                    wrong = v[h] != want
+                    if bool(wrong.any()):
+                        seen = sorted({float(x) for x in v[h][wrong].unique()})[:4]
+                        bad.append(
+                            f"{rid}: rank {self.rank} layer {li} head {self.head0 + h} "
+                            f"block {b} (position {pos}) holds {seen} where {want} belongs, "
+                            "when decoding would start"
+                        )
+        return {"bytes": self.block_bytes * len(blocks), "violations": bad}
+
+    def scan_free(self, blocks: list[int], where: str) -> dict[str, Any]:
+        """Blocks that must hold the free value (allocated now, or in the free pool)."""
+        bad: list[str] = []
+        for b in blocks:
+            vals = torch.cat([t[b].reshape(-1) for t in self.caches.values()])
+            wrong = vals != FREE
+            if bool(wrong.any()):
+                owners = sorted({owner_of(float(x)) for x in vals[wrong].unique()})
+                bad.append(f"rank {self.rank}: {where} block {b} held stamps of request(s) {owners}")
+                for t in self.caches.values():
+                    t[b].fill_(FREE)
+        return {"bytes": self.block_bytes * len(blocks), "violations": bad}
+
+    def late(self, blocks: list[int]) -> dict[str, Any]:
+        """Bytes that landed in a fenced request's blocks since the failure event."""
+        n = 0
+        for t in self.caches.values():
+            for b in blocks:
+                n += int((t[b] != FENCED).sum()) * 4
+        return {"bytes": self.block_bytes * len(blocks), "late": n}
+
+    # -- the worker's part of an engine step ------------------------------------------ #
+
+    def worker_step(self, meta: Any) -> dict[str, Any]:
+        self.conn.bind_connector_metadata(meta)
+        try:
+            self.worker.start_load_kv(meta)
+            res = self.worker.get_transfer_results()
+            invalid = self.worker.get_block_ids_with_load_errors()
+        except Exception as e:  # noqa: BLE001 - an exception here kills vLLM's engine
+            return {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            self.conn.clear_connector_metadata()
+        return {
+            "finished_sending": sorted(res.finished_sending),
+            "finished_recving": sorted(res.finished_recving),
+            "failed_recving": sorted(res.failed_recving),
+            "invalid_block_ids": sorted(invalid),
+        }
+
+    def info(self, rid: str | None = None) -> dict[str, Any]:
+        """This rank's agent, counters, fault record, notices and ledger expectations;
+        with ``rid``, only what concerns that request (``REQ`` or ``REQ@AGENT`` keys, its
+        notices)."""
+        counters: dict[str, int] = {}
+        if hasattr(self.worker, "kvdrain_counters"):
+            counters = self.worker.kvdrain_counters()
+        faults = self.faults.set()
+        notices = list(self.notices.seen)
+        expects = dict(self.expects)
+        if rid is not None:
+            faults = {
+                k: {r: v for r, v in d.items() if r == rid or r.startswith(f"{rid}@")}
+                for k, d in faults.items()
+            }
+            notices = [
+                n for n in notices if n[2].rsplit(":", 1)[0].removeprefix("PUSH_FAIL:") == rid
+            ]
+            expects = {r: e for r, e in expects.items() if r == rid}
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "agent": str(self.faults.name),
+            "counters": counters,
+            "faults": faults,
+            "notices": notices,
+            "expects": {r: (e if isinstance(e, int) else list(e)) for r, e in expects.items()},
+        }
+
+    def do(self, op: str, kw: dict[str, Any]) -> Any:
+        try:
+            if op == "fault":
+                ranks = kw.pop("ranks", None)
+                if ranks is None or self.rank in ranks:
+                    return self.faults.set(**kw)
+                return None
+            if op == "fault_send":
+                if self.rank == kw.pop("rank", 0):
+                    self.faults.send_raw(**kw)
+                return None
+            return getattr(self, op)(**kw)
+        except Exception as e:  # noqa: BLE001 - reported to rank 0, then the test
+            return {"error": f"{type(e).__name__}: {e}"}
+
+
+class Scheduler:
+    """Rank 0's scheduler: the connector with the scheduler role, the block pool, what
+    the scheduler was told, and every rank reached over gloo."""
+
+    def __init__(self, me: RankWorker) -> None:
+        self.me = me
+        self.world = me.world
+        self.port = free_port()
+        os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.port)
+        names = MLA_LAYERS if me.mla else LAYERS
+        with set_current_vllm_config(me.cfg):
+            self.sched = KVConnectorFactory.create_connector(
+                me.cfg, KVConnectorRole.SCHEDULER, me.kv_cache_config(names)
+            )
+        self.aggregator = KVOutputAggregator.from_connector(self.sched, self.world)
+        self.free: list[int] = list(range(NUM_BLOCKS))
+        self.reqs: dict[str, dict[str, Any]] = {}
+        self.told: dict[str, list[str]] = {}
+        self.told_at: dict[str, list[float]] = {}
+        # Per rank: what each worker reported for each request (finished_recving).
+        self.rank_reports: dict[str, list[int]] = {}
+        self.violations: list[str] = []
+        self.bytes_checked = 0
+        self.late_bytes = 0
+        self.errors: list[str] = []
+
+    def serve_handshakes(self, payloads: list[bytes]) -> None:
+        md = {
+            (r // self.me.tp, r % self.me.tp): pickle.loads(p) for r, p in enumerate(payloads)
+        }
+        self.sched.set_xfer_handshake_metadata_pp_aware(md)
+
+    def fan(self, op: str, **kw: Any) -> list[Any]:
+        """Runs ``op`` on this engine's worker on every rank (this one included);
+        answers in rank order."""
+        msg: list[Any] = [(self.me.engine_id, op, kw)]
+        dist.broadcast_object_list(msg, src=0)
+        mine = self.me.do(op, dict(kw))
+        out: list[Any] = [None] * self.world
+        dist.gather_object(mine, out, dst=0)
+        for r in out:
+            if isinstance(r, dict) and "error" in r and op != "worker_step":
+                raise RuntimeError(f"{op} on a rank: {r['error']}")
+        return out
+
+    # -- blocks ------------------------------------------------------------------------ #
+
+    def _merge(self, results: list[dict[str, Any]]) -> None:
+        for r in results:
+            self.bytes_checked += int(r["bytes"])
+            self.violations.extend(r.get("violations", []))
+            self.late_bytes += int(r.get("late", 0))
+
+    def _alloc(self, n: int) -> list[int]:
+        if len(self.free) < n:
+            raise RuntimeError(f"block pool exhausted: {len(self.free)} free, {n} wanted")
+        blocks, self.free = self.free[:n], self.free[n:]
+        self._merge(self.fan("scan_free", blocks=blocks, where="allocated"))
+        return blocks
+
+    def _release(self, rid: str) -> None:
+        r = self.reqs[rid]
+        if r["freed"]:
+            self.violations.append(f"{rid}: blocks freed twice")
+            return
+        if r.get("fenced_at") is not None:
+            self._merge(self.fan("late", blocks=r["blocks"]))
+        self.fan("fill", blocks=r["blocks"], value=FREE)
+        self.free.extend(r["blocks"])
+        r["freed"] = True
+        r["freed_at"] = time.monotonic()
+
+    def _fence(self, rid: str) -> None:
+        r = self.reqs[rid]
+        if r.get("fenced_at") is None:
+            r["fenced_at"] = time.monotonic()
+            self.fan("fill", blocks=r["blocks"], value=FENCED)
+
+    # -- requests ---------------------------------------------------------------------- #
+
+    def _request(self, rid: str, n_blocks: int, params: dict[str, Any]) -> Request:
+        return Request(
+            request_id=rid,
+            prompt_token_ids=list(range(10, 10 + n_blocks * BLOCK_SIZE)),
+            sampling_params=SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": params}),
+            pooling_params=None,
+        )
+
+    def recv(
+        self, rid: str, index: int, n_blocks: int, p_engine: str, p_port: int, p_tp: int, p_pp: int
+    ) -> Any:
+        params = {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": p_engine,
+            "remote_request_id": rid,
+            "remote_host": "127.0.0.1",
+            "remote_port": p_port,
+            "remote_block_ids": [],
+            "tp_size": p_tp,
+            "pp_size": p_pp,
+            "transfer_mode": "push",
+        }
+        req = self._request(rid, n_blocks, params)
+        self.sched.on_new_request(req)
+        n_ext, _async = self.sched.get_num_new_matched_tokens(req, 0)
+        blocks = self._alloc(n_blocks)
+        req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        kvb = KVCacheBlocks(blocks=([KVCacheBlock(block_id=b) for b in blocks],))
+        self.sched.update_state_after_alloc(req, kvb, n_ext)
+        self.reqs[rid] = {
+            "req": req,
+            "index": index,
+            "blocks": blocks,
+            "state": "waiting",
+            "freed": False,
+            "added_at": time.monotonic(),
+        }
+        return {"blocks": blocks}
+
+    def send(self, rid: str, index: int, n_blocks: int) -> Any:
+        params = {"do_remote_decode": True, "do_remote_prefill": False}
+        req = self._request(rid, n_blocks, params)
+        blocks = self._alloc(n_blocks)
+        kvb = KVCacheBlocks(blocks=([KVCacheBlock(block_id=b) for b in blocks],))
+        self.sched.update_state_after_alloc(req, kvb, 0)
+        self.fan("stamp", blocks=blocks, index=index)
+        req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        req.num_computed_tokens = n_blocks * BLOCK_SIZE
+        delay, _params = self.sched.request_finished(req, list(blocks))
+        self.reqs[rid] = {
+            "req": req,
+            "index": index,
+            "blocks": blocks,
+            "state": "sending" if delay else "done",
+            "freed": False,
+            "added_at": time.monotonic(),
+        }
+        if not delay:
+            self._release(rid)
+        return {"blocks": blocks, "delay": delay}
+
+    def abort(self, rid: str) -> Any:
+        r = self.reqs[rid]
+        req = r["req"]
+        was_waiting = r["state"] == "waiting"
+        req.status = RequestStatus.FINISHED_ABORTED
+        delay, _ = self.sched.request_finished(req, list(r["blocks"]))
+        r["state"] = "aborted"
+        self._fence(rid)
+        if not was_waiting and not delay:
+            self._release(rid)
+        return {"delay": delay}
+
+    # -- steps ------------------------------------------------------------------------- #
+
+    def step(self) -> Any:
+        meta = self.sched.build_connector_meta(SchedulerOutput.make_empty())
+        results = self.fan("worker_step", meta=meta)
+        outs: list[ModelRunnerOutput | None] = []
+        errors = []
+        for rank, res in enumerate(results):
+            if "error" in res:
+                errors.append(f"rank {rank}: {res['error']}")
+                self.errors.append(f"rank {rank}: {res['error']}")
+                res = {"finished_sending": [], "finished_recving": [], "failed_recving": [], "invalid_block_ids": []}
+            for rid in res["finished_recving"]:
+                self.rank_reports.setdefault(rid, []).append(rank)
+            kv = KVConnectorOutput(
+                finished_sending=set(res["finished_sending"]) or None,
+                finished_recving=set(res["finished_recving"]) or None,
+                failed_recving=set(res["failed_recving"]),
+                invalid_block_ids=set(res["invalid_block_ids"]),
+            )
+            outs.append(ModelRunnerOutput(req_ids=[], req_id_to_index={}, kv_connector_output=kv))
+        agg = self.aggregator.aggregate(outs, output_rank=0)
+        assert agg is not None and agg.kv_connector_output is not None
+        out = agg.kv_connector_output
+        self.sched.update_connector_output(out)
+        self._apply(out)
+        return {
+            "finished_sending": sorted(out.finished_sending or ()),
+            "finished_recving": sorted(out.finished_recving or ()),
+            "failed_recving": sorted(out.failed_recving or ()),
+            "invalid_block_ids": sorted(out.invalid_block_ids or ()),
+            "errors": errors,
+        }
+
+    def _tell(self, rid: str, what: str) -> None:
+        self.told.setdefault(rid, []).append(what)
+        self.told_at.setdefault(rid, []).append(time.monotonic())
+
+    def _apply(self, out: KVConnectorOutput) -> None:
+        """What vLLM's scheduler does with the aggregated report."""
+        failed = set(out.failed_recving or ())
+        if out.invalid_block_ids:
+            for rid, held in self.reqs.items():
+                if (
+                    not held["freed"]
+                    and held.get("fenced_at") is None
+                    and set(held["blocks"]) & out.invalid_block_ids
+                ):
+                    self._tell(rid, "invalid_blocks")
+                    self._fence(rid)
+        for rid in sorted(out.finished_sending or ()):
+            self._tell(rid, "finished_sending")
+            r = self.reqs.get(rid)
+            if r is None or r["freed"]:
+                self.violations.append(f"{rid}: finished_sending for a freed or unknown request")
+                continue
+            self._release(rid)
+            r["state"] = "sent"
+        for rid in sorted(out.finished_recving or ()):
+            self._tell(rid, "failed_recving" if rid in failed else "finished_recving")
+            r = self.reqs.get(rid)
+            if r is None or r["freed"]:
+                self.violations.append(f"{rid}: finished_recving for a freed or unknown request")
+                continue
+            if rid in failed:
+                self._fence(rid)
+                r["state"] = "failed"
+                self._release(rid)
+            elif r["state"] == "waiting":
+                res = self.fan("check", blocks=r["blocks"], index=r["index"], rid=rid)
+                self._merge(res)
+                r["state"] = "completed"
+                r["completed_at"] = time.monotonic()
+                self._release(rid)
+            elif r["state"] == "aborted":
+                self._release(rid)
+            else:
+                self.violations.append(f"{rid}: finished_recving in state {r['state']}")
+
+    # -- the report -------------------------------------------------------------------- #
+
+    def report(self, final: bool = False, rids: list[str] | None = None) -> Any:
+        if final and self.free:
+            self._merge(self.fan("scan_free", blocks=list(self.free), where="free"))
+        ranks = self.fan("info", rid=rids[0] if rids and len(rids) == 1 else None) if final else []
+        want = set(rids) if rids is not None else None
+
+        def keep(rid: str) -> bool:
+            return want is None or rid in want
+
+        return {
+            "states": {rid: r["state"] for rid, r in self.reqs.items() if keep(rid)},
+            "held": {rid: r["blocks"] for rid, r in self.reqs.items() if not r["freed"] and keep(rid)},
+            "told": {rid: t for rid, t in self.told.items() if keep(rid)},
+            "told_at": {rid: t for rid, t in self.told_at.items() if keep(rid)},
+            "rank_reports": {rid: t for rid, t in self.rank_reports.items() if keep(rid)},
+            "violations": list(self.violations),
+            "bytes_checked": self.bytes_checked,
+            "late_bytes": self.late_bytes,
+            "errors": list(self.errors),
+            "free_blocks": len(self.free),
+            "ranks": ranks,
+        }
+
+    def fault(self, **kw: Any) -> Any:
+        return self.fan("fault", **kw)
+
+    def fault_send(self, **kw: Any) -> Any:
+        return self.fan("fault_send", **kw)
+
+    def ranks(self, rid: str | None = None) -> Any:
+        return self.fan("info", rid=rid)
+
+
+def main() -> None:
+    """``ranks.py ROLE TP PP RANK DIST_PORT ENGINES EXTRA``: ENGINES is a JSON list of
+    ``{"which", "engine_id", "mla"}``, the engines of this shape whose rank RANK this
+    process is (one process group per shape: the ranks of several engines of one role
+    share processes, never a P with a D)."""
+    role = sys.argv[1]
+    tp, pp, rank, dist_port = (int(x) for x in sys.argv[2:6])
+    specs = json.loads(sys.argv[6])
+    extra = json.loads(sys.argv[7])
+    out = sys.stdout
+    sys.stdout = sys.stderr  # vLLM's logs and prints go to stderr; stdout is the channel
+    workers: dict[str, RankWorker] = {}
+    for spec in specs:
+        w = RankWorker(
+            role, spec["which"], spec["engine_id"], tp, pp, rank, dist_port, extra, spec["mla"]
+        )
+        workers[w.engine_id] = w
+    world = tp * pp
+    payloads: dict[str, list[Any]] = {}
+    for eid, w in workers.items():
+        got: list[Any] = [None] * world
+        dist.gather_object(w.handshake_payload(), got if rank == 0 else None, dst=0)
+        payloads[eid] = got
+    if rank != 0:
+        while True:
+            msg: list[Any] = [None]
+            dist.broadcast_object_list(msg, src=0)
+            eid, op, kw = msg[0]
+            if op == "quit":
+                os._exit(0)
+            dist.gather_object(workers[eid].do(op, kw), None, dst=0)
+    scheds: dict[str, Scheduler] = {}
+    hello: dict[str, Any] = {}
+    for eid, w in workers.items():
+        sched = scheds[eid] = Scheduler(w)
+        sched.serve_handshakes(payloads[eid])
+        hello[eid] = {"port": sched.port, "ranks": sched.ranks()}
+    out.write(json.dumps({"ready": True, "engines": hello}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op = cmd.pop("op")
+        result: Any
+        try:
+            if op == "quit":
+                dist.broadcast_object_list([("", "quit", {})], src=0)
+                out.write(json.dumps({"ok": True}) + "\n")
+                out.flush()
+                break
+            sched = scheds[cmd.pop("engine")]
+            if op == "agent_md":
+                result = {
+                    "name": sched.me.faults.name,
+                    "md": base64.b64encode(sched.me.faults.get_agent_metadata()).decode(),
+                }
+            else:
+                result = getattr(sched, op)(**cmd)
+            reply = {"ok": True, "result": result}
+        except Exception as e:  # noqa: BLE001 - reported to the test, which fails
+            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
