@@ -12,14 +12,16 @@ import base64
 import json
 import os
 import queue
+import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parent  # tests/: vllm_cpu, shared with tests/vllm/
@@ -30,6 +32,38 @@ TRANSPORTS: dict[str, dict[str, str]] = {
     "tcp": {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"},
     "shm": {},
 }
+
+
+def free_port() -> int:
+    """A loopback TCP port that is free now, below the kernel's ephemeral range: port 0
+    binds and outgoing connections (UCX's, ZMQ's, gloo's) are never handed one of those,
+    so it stays free until vLLM binds it a moment later (ZMQ cannot take a bound
+    socket, and a listener whose bind fails leaves vLLM waiting for ever)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    pick = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(1000):
+        port = pick.randrange(min(10000, low // 2), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port below the ephemeral range")
+
+
+class Steppable(Protocol):
+    """What :func:`run_until` steps: an :class:`EngineProc`, or a hosted engine
+    (``topo.Engine``)."""
+
+    engine_id: str
+
+    def alive(self) -> bool: ...
+
+    def call(self, op: str, timeout_s: float = 60.0, **kw: Any) -> Any: ...
 
 
 class EngineError(RuntimeError):
@@ -153,7 +187,7 @@ class EngineProc:
 
 
 def run_until(
-    engines: list[EngineProc], done: Callable[[], bool], deadline_s: float
+    engines: Sequence[Steppable], done: Callable[[], bool], deadline_s: float
 ) -> tuple[bool, list[dict[str, Any]]]:
     """Steps every live engine until ``done()`` holds (True) or ``deadline_s`` passes
     (False); returns the steps' answers too."""

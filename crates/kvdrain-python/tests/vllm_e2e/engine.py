@@ -24,8 +24,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import random
-import socket
 import sys
 import time
 from pathlib import Path
@@ -48,32 +46,12 @@ from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm_cpu import BLOCK_SIZE, HEAD_SIZE, LAYERS, NUM_KV_HEADS
 
+from e2e import free_port
 from faults import FaultyNixl
 
 NUM_BLOCKS = 32
 FREE = -1.0  # a free block's scrubbed value
 FENCED = -2.0  # a failed request's blocks, scrubbed when the scheduler is told
-
-
-def free_port() -> int:
-    """A loopback TCP port that is free now, below the kernel's ephemeral range: port 0
-    binds and outgoing connections (UCX's, ZMQ's, gloo's) are never handed one of those,
-    so it stays free until vLLM binds it a moment later (ZMQ cannot take a bound
-    socket, and a listener whose bind fails leaves vLLM waiting for ever)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    pick = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(1000):
-        port = pick.randrange(min(10000, low // 2), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free loopback port below the ephemeral range")
 
 
 def stamp_of(req_index: int, block_pos: int) -> float:

@@ -60,7 +60,8 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm_cpu import BLOCK_SIZE, HEAD_SIZE, LAYERS, NUM_KV_HEADS
 
-from engine import FENCED, FREE, free_port
+from e2e import free_port
+from engine import FENCED, FREE
 from faults import FaultyNixl
 
 NUM_BLOCKS = 160

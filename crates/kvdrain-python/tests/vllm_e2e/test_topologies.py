@@ -43,7 +43,8 @@ from typing import Any
 
 import pytest
 
-from topo import SUMMARY, Engine, Host, run_until
+from e2e import run_until
+from topo import SUMMARY, Engine, Host
 
 ROOT = Path(__file__).resolve().parents[4]
 REPORT = Path(

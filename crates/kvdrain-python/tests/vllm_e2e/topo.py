@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import os
 import queue
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,26 +18,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from e2e import HERE, SHARED, TRANSPORTS, EngineError, EngineProc
-
-
-def free_port() -> int:
-    """A free loopback port below the kernel's ephemeral range (see ``engine.free_port``:
-    gloo binds it a moment later, and nothing else is handed one of those meanwhile)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    pick = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(1000):
-        port = pick.randrange(min(10000, low // 2), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free loopback port below the ephemeral range")
+from e2e import HERE, SHARED, TRANSPORTS, EngineError, EngineProc, free_port
 
 
 class Host(EngineProc):
@@ -252,19 +231,3 @@ class Summary:
 SUMMARY = Summary()
 
 
-def run_until(
-    engines: list[Engine], done: Callable[[], bool], deadline_s: float
-) -> tuple[bool, list[dict[str, Any]]]:
-    """``e2e.run_until`` for hosted engines: steps every live one until ``done()`` holds
-    (True) or ``deadline_s`` passes (False)."""
-    steps: list[dict[str, Any]] = []
-    end = time.monotonic() + deadline_s
-    while True:
-        for e in engines:
-            if e.alive():
-                steps.append({"engine": e.engine_id, **e.call("step")})
-        if done():
-            return True, steps
-        if time.monotonic() > end:
-            return False, steps
-        time.sleep(0.002)  # a poll's pause, not a synchronization
