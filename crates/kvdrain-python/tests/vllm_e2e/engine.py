@@ -92,16 +92,8 @@ class Engine:
             self.sched = KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, kvcc)
             self.conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, kvcc)
         self.worker = self.conn.connector_worker
-        # The faults sit below the plugin's tap, where NIXL is, so that the plugin sees an
-        # injected error as NIXL's (above it, a backend error would reach vLLM's code but
-        # not the plugin's producer side, which then owes no PUSH_FAIL).
-        wrapper = self.worker.nixl_wrapper
-        tapped = hasattr(wrapper, "agent") and hasattr(wrapper, "_decode")
-        self.faults = FaultyNixl(wrapper.agent if tapped else wrapper)
-        if tapped:
-            wrapper.agent = self.faults
-        else:
-            self.worker.nixl_wrapper = self.faults
+        self.faults = FaultyNixl(self.worker.nixl_wrapper)
+        self.worker.nixl_wrapper = self.faults
         self.caches = {
             layer: torch.full(
                 (NUM_BLOCKS, 2, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE), FREE, dtype=torch.float32

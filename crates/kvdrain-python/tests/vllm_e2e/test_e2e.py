@@ -326,7 +326,6 @@ def test_backend_error_after_post(engines: Engines, fleet: str) -> None:
         assert run.until(resolved(run, rid))
         line = run.finish()
         assert line["told"][rid] == ["invalid_blocks", "failed_recving"]
-        assert line["decided_by"] == ["PUSH_FAIL"], "P's failure notice decided, not the deadline"
         assert line["violations"] == [] and line["told_once"]
     else:
         assert not run.until(lambda: bool(run.told(rid)), HANG_S)
