@@ -6,7 +6,8 @@ use crate::decided::Kind;
 use crate::error::{AbortError, ClockError, RegisterError, RegisterErrorKind};
 use crate::fingerprint::Fingerprint;
 use crate::index::{DELETED, EMPTY, Index};
-use crate::owner::{Owner, Request};
+use crate::owner::{History, HistoryFlags, NO_HISTORY, Owner, Request};
+use crate::record::{Ended, Record, RecordedEdges};
 use crate::shared::Shared;
 use crate::slot::EdgeClaim;
 use crate::stamp;
@@ -97,7 +98,9 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         shared.state.publish(generation, outstanding);
         self.shared.index.insert_at(vacancy, fp, slot);
         let bucket = vacancy as u32;
-        let key = self.owner.next_key;
+        // The slot in the low 16 bits (`N <= 65 536`), so that `record` finds it; the
+        // sequence above keeps keys unique and in registration order.
+        let key = (self.owner.next_key << 16) | u64::from(slot);
         self.owner.next_key += 1;
         let deadline = self.owner.now + registration.deadline.unwrap_or(self.owner.config.deadline);
         self.owner.requests[slot as usize] = Request {
@@ -112,6 +115,12 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             gone: false,
             gone_at: 0,
             owed_at_expiry: 0,
+            history: History {
+                registered_at: stamp::of(self.owner.now),
+                deadline: stamp::of(deadline),
+                expected: outstanding as u8,
+                ..NO_HISTORY
+            },
         };
         if registration.deadline.is_none() {
             // `now + Config::deadline` never decreases: the O(1) FIFO timer.
@@ -221,6 +230,9 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                 let end = self.owner.now + self.owner.config.quarantine;
                 self.owner.timers.set(slot, end, r.key);
                 self.owner.counters.aborted += 1;
+                let history = &mut self.owner.requests[slot as usize].history;
+                history.ended_at = stamp::of(self.owner.now);
+                history.flags |= HistoryFlags::ABORTED;
                 Ok(self.quarantined(slot, s, QuarantineCause::Aborted))
             }
             Quarantine::AlreadyDrained | Quarantine::AlreadyQuarantined => {
@@ -324,6 +336,10 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                 continue;
             }
             resolved += 1;
+            if how == Resolution::Fenced {
+                r.history.fenced_at = now;
+                r.history.flags |= HistoryFlags::FENCED;
+            }
             if how == Resolution::Gone {
                 // Before the state word: whoever decides (here, or a pull after the
                 // ingest side resolved the last edge) reads it on this thread.
@@ -406,7 +422,10 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                             Outstanding::Count(n) => (u64::from(n), Kind::ExpiredCount),
                             Outstanding::Edges(mask) => (mask, Kind::ExpiredEdges),
                         };
-                        self.owner.requests[slot as usize].owed_at_expiry = owed;
+                        let record = &mut self.owner.requests[slot as usize];
+                        record.owed_at_expiry = owed;
+                        record.history.ended_at = stamp::of(now);
+                        record.history.flags |= HistoryFlags::EXPIRED;
                         self.owner.decided.push(slot, kind);
                         let end = r.due + self.owner.config.quarantine;
                         if end <= now {
@@ -509,6 +528,11 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         self.retire(slot);
         self.shared.slots[slot as usize].state.free_drained(s);
         self.owner.counters.completed += 1;
+        let now = stamp::of(self.owner.now);
+        let history = &mut self.owner.requests[slot as usize].history;
+        history.decided_at = now;
+        history.released_at = now;
+        history.flags |= HistoryFlags::DECIDED | HistoryFlags::RELEASED;
     }
 
     /// Every decision not handed out yet, one [`poll_decision`](Self::poll_decision) per
@@ -591,6 +615,90 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         }
     }
 
+    /// What the ledger knows of the request `key` names ([`Record`]): while it is
+    /// tracked, and after its last decision until its slot takes the next registration.
+    /// To keep the record of every decision, read it right after
+    /// [`poll_decision`](Self::poll_decision) hands the decision out, before registering
+    /// again. `None` once the slot holds another request. Reads the slot's edge words and
+    /// the owner's record: `O(E)`, nothing on the notification path.
+    ///
+    /// ```
+    /// # use kvdrain::{AgentId, BlockHandle, Config, Decision, EdgeOutcome, Expect, FailureCause, Instant, Ledger, Registration};
+    /// let mut ledger: Ledger<16, 2> = Ledger::new(Config::with_capacity(16));
+    /// let (p0, p1) = (AgentId(0), AgentId(1));
+    /// # let _t = ledger.register(Registration { id: "r", blocks: BlockHandle(1),
+    /// #     expect: Expect::Edges(&[p0, p1]), deadline: None }).unwrap();
+    /// ledger.advance(Instant::from_millis(5)).expect("clock forward");
+    /// let _ = ledger.handle_notification(p0, b"r:2");
+    /// let _ = ledger.handle_notification(p1, b"PUSH_FAIL:r:2");
+    /// let (_ingest, mut engine) = ledger.split();
+    /// let Some(Decision::Failed(failed)) = engine.poll_decision() else { panic!() };
+    /// let record = engine.record(failed.key()).expect("not reused yet");
+    /// assert_eq!(record.edges.named(), &[(p0, EdgeOutcome::Landed), (p1, EdgeOutcome::Failed)]);
+    /// assert_eq!(record.first_failure(), Some(FailureCause::Notice(Instant::from_millis(5))));
+    /// ```
+    pub fn record(&self, key: RequestKey) -> Option<Record<E>> {
+        let slot = (key.0 & 0xFFFF) as usize;
+        let r = self.owner.requests.get(slot)?;
+        if r.key != key.0 || r.history.expected == 0 {
+            return None;
+        }
+        let shared = &self.shared.slots[slot];
+        let h = r.history;
+        let at = |stamp: u32, set: HistoryFlags| {
+            h.flags.contains(set).then(|| self.stamped_at(stamp))
+        };
+        let s = shared.state.load(Ordering::Acquire);
+        // Until it is freed the state word says how it stands; after, what was kept of it
+        // when it was (the word then belongs to the slot's next generation).
+        let (outstanding, failed, notice) = if h.flags.contains(HistoryFlags::CLOSED) {
+            (
+                h.outstanding,
+                h.flags.contains(HistoryFlags::FAILED),
+                at(h.notice_at, HistoryFlags::NOTICE),
+            )
+        } else if s.is_live(r.generation) {
+            (
+                s.outstanding() as u8,
+                s.failed(),
+                s.settles()
+                    .then(|| self.stamped_at(shared.failure_noticed_at())),
+            )
+        } else {
+            return None;
+        };
+        let named = shared.named();
+        let edges = if named == 0 {
+            RecordedEdges::Count {
+                expected: h.expected,
+                outstanding,
+                failed,
+            }
+        } else {
+            RecordedEdges::Named {
+                edges: shared.edge_outcomes(named, r.generation),
+                len: named as u8,
+            }
+        };
+        let ended = at(h.ended_at, HistoryFlags::ABORTED)
+            .map(|t| (Ended::Aborted, t))
+            .or_else(|| at(h.ended_at, HistoryFlags::EXPIRED).map(|t| (Ended::Expired, t)));
+        Some(Record {
+            key,
+            registered_at: self.stamped_at(h.registered_at),
+            deadline: self.stamped_at(h.deadline),
+            edges,
+            failure_notice_at: notice,
+            gone_at: r.gone.then(|| self.stamped_at(r.gone_at)),
+            fenced_at: at(h.fenced_at, HistoryFlags::FENCED),
+            ended,
+            decided_at: at(h.decided_at, HistoryFlags::DECIDED),
+            settle_end: h.flags.contains(HistoryFlags::SETTLED).then_some(r.due),
+            released: at(h.released_at, HistoryFlags::RELEASED)
+                .map(|t| (t, h.flags.contains(HistoryFlags::FORCED))),
+        })
+    }
+
     /// The clock.
     pub fn now(&self) -> Instant {
         self.owner.now
@@ -655,6 +763,9 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             Phase::Counting => {
                 self.owner.counters.failed += 1;
                 self.owner.decided.push(slot, Kind::Failed);
+                let history = &mut self.owner.requests[slot as usize].history;
+                history.decided_at = stamp::of(now);
+                history.flags |= HistoryFlags::DECIDED;
             }
             Phase::Aborted | Phase::Expired => {}
             Phase::Free => {
@@ -663,6 +774,11 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             }
         }
         let settle_end = self.settle_end(slot, s);
+        if settle_end > Instant::ZERO {
+            let r = &mut self.owner.requests[slot as usize];
+            r.due = settle_end;
+            r.history.flags |= HistoryFlags::SETTLED;
+        }
         if settle_end <= now {
             return self.release_drained(slot, s, false);
         }
@@ -719,6 +835,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         let r = self.owner.requests[slot as usize];
         self.retire(slot);
         self.shared.slots[slot as usize].state.free_drained(s);
+        self.released(slot, forced);
         let c = &mut self.owner.counters;
         if r.settling {
             c.settling -= 1;
@@ -741,6 +858,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         // store): a notice that finds the slot free then finds the tombstone and is
         // `late`, not `unknown` (found by `tests/loom.rs`). `retire` refreshes it.
         self.shared.tombstones.insert(&mut self.owner.ages, r.fp);
+        self.close_history(slot);
         if self.shared.slots[slot as usize]
             .state
             .force_free(r.generation)
@@ -749,8 +867,38 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             self.retire(slot);
             self.owner.counters.released_forced += 1;
             self.owner.decided.push(slot, Kind::ReleasedForced);
+            self.released(slot, true);
         }
         // AlreadyDrained: the ingest side resolved the last edge; a pull releases it.
+    }
+
+    /// Keeps, for [`record`](Self::record), how the request's state word stands before
+    /// it is freed: what it still owes, whether it failed, and the last failure notice's
+    /// time. Owner-only; the word may still move under a forced release (a notice that
+    /// lands before the free), which changes the record, never a decision.
+    fn close_history(&mut self, slot: u32) {
+        let r = &self.owner.requests[slot as usize];
+        let shared = &self.shared.slots[slot as usize];
+        let s = shared.state.load(Ordering::Acquire);
+        if !s.is_live(r.generation) || r.history.flags.contains(HistoryFlags::CLOSED) {
+            return;
+        }
+        let notice = shared.failure_noticed_at();
+        let h = &mut self.owner.requests[slot as usize].history;
+        h.outstanding = s.outstanding() as u8;
+        h.notice_at = notice;
+        h.flags |= HistoryFlags::CLOSED;
+        h.flags.set(HistoryFlags::FAILED, s.failed());
+        h.flags.set(HistoryFlags::NOTICE, s.settles());
+    }
+
+    /// Notes in the history that the blocks came back now.
+    fn released(&mut self, slot: u32, forced: bool) {
+        let now = stamp::of(self.owner.now);
+        let h = &mut self.owner.requests[slot as usize].history;
+        h.released_at = now;
+        h.flags |= HistoryFlags::RELEASED;
+        h.flags.set(HistoryFlags::FORCED, forced);
     }
 
     /// Remembers the id and unlinks it from the index and the timers (the caller frees the
@@ -758,6 +906,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// that decision is handed out, so its record stays valid until then).
     #[inline(always)]
     fn retire(&mut self, slot: u32) {
+        self.close_history(slot);
         let o = &mut *self.owner;
         let r = &mut o.requests[slot as usize];
         self.shared.tombstones.insert(&mut o.ages, r.fp);

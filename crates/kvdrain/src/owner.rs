@@ -36,7 +36,69 @@ pub(crate) struct Request {
     /// hand-out: the count in counting mode, the mask of unresolved agents in named-edge
     /// mode (see [`Outstanding`](crate::Outstanding)).
     pub(crate) owed_at_expiry: u64,
+    /// What a [`Record`](crate::Record) reports and no decision needs: when it was
+    /// registered and is due, what it expected, and the times of what happened to it.
+    pub(crate) history: History,
 }
+
+/// The times a request's [`Record`](crate::Record) reports, kept by the owner as they
+/// happen (none on the notification path). Times are stamps (`stamp.rs`: the low 32 bits
+/// of their milliseconds, read back against the clock), so that the whole history costs
+/// 32 bytes a request and the table stays within 256 bytes a request (`tests/size.rs`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct History {
+    pub(crate) registered_at: u32,
+    pub(crate) deadline: u32,
+    /// The last `fence` that resolved one of its edges (with `FENCED`).
+    pub(crate) fenced_at: u32,
+    /// The abort or the expiry (with `ABORTED` or `EXPIRED`).
+    pub(crate) ended_at: u32,
+    /// `completed` or `failed` (with `DECIDED`).
+    pub(crate) decided_at: u32,
+    /// The blocks came back (with `RELEASED`).
+    pub(crate) released_at: u32,
+    /// The last failure notice's stamp, kept when the slot was freed (with `NOTICE`).
+    pub(crate) notice_at: u32,
+    /// Notices (counting) or named edges expected.
+    pub(crate) expected: u8,
+    /// What the state word still owed when the slot was freed (with `CLOSED`).
+    pub(crate) outstanding: u8,
+    pub(crate) flags: HistoryFlags,
+}
+
+bitflags::bitflags! {
+    /// Which of a [`History`]'s times are set, and how it ended.
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    pub(crate) struct HistoryFlags: u16 {
+        const FENCED = 1;
+        const ABORTED = 1 << 1;
+        const EXPIRED = 1 << 2;
+        const DECIDED = 1 << 3;
+        /// Its blocks settled until `Request::due` (rule 8).
+        const SETTLED = 1 << 4;
+        const RELEASED = 1 << 5;
+        const FORCED = 1 << 6;
+        /// The slot was freed: `outstanding`, `FAILED` and `NOTICE` are final.
+        const CLOSED = 1 << 7;
+        /// At the close: an edge had failed.
+        const FAILED = 1 << 8;
+        /// At the close: a failure notice had resolved an edge (`notice_at`).
+        const NOTICE = 1 << 9;
+    }
+}
+
+pub(crate) const NO_HISTORY: History = History {
+    registered_at: 0,
+    deadline: 0,
+    fenced_at: 0,
+    ended_at: 0,
+    decided_at: 0,
+    released_at: 0,
+    notice_at: 0,
+    expected: 0,
+    outstanding: 0,
+    flags: HistoryFlags::empty(),
+};
 
 pub(crate) const VACANT: Request = Request {
     key: 0,
@@ -50,6 +112,7 @@ pub(crate) const VACANT: Request = Request {
     gone: false,
     gone_at: 0,
     owed_at_expiry: 0,
+    history: NO_HISTORY,
 };
 
 /// Everything only the engine thread touches.

@@ -164,6 +164,34 @@ impl<const E: usize> SharedSlot<E> {
         mask
     }
 
+    /// Owner: the first `named` edges of generation `generation`, each with its agent and
+    /// how it stands (an edge word of another generation reads as outstanding), for a
+    /// [`Record`](crate::Record).
+    pub(crate) fn edge_outcomes(
+        &self,
+        named: u32,
+        generation: u32,
+    ) -> [(AgentId, crate::record::EdgeOutcome); E] {
+        use crate::record::EdgeOutcome;
+        let tag = edge_tag(generation);
+        let mut out = [(AgentId(0), EdgeOutcome::Outstanding); E];
+        for (entry, word) in out.iter_mut().zip(self.edges.iter().take(named as usize)) {
+            let w = word.load(Ordering::Acquire);
+            let flags = EdgeFlags::of(w);
+            let outcome = if w & (EDGE_GEN_MASK << EDGE_GEN_SHIFT) != tag
+                || !flags.contains(EdgeFlags::RESOLVED)
+            {
+                EdgeOutcome::Outstanding
+            } else if flags.contains(EdgeFlags::FAILED) {
+                EdgeOutcome::Failed
+            } else {
+                EdgeOutcome::Landed
+            };
+            *entry = (AgentId((w >> AGENT_SHIFT) as u16), outcome);
+        }
+        out
+    }
+
     /// Ingest: a failure notice is about to resolve an edge of this slot at `at` (a stamp:
     /// the later of the last published clock and the notice's arrival). Stored before the
     /// state-word CAS that sets `S`, which releases it to whoever sees `S`. Only the one
