@@ -645,9 +645,8 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         }
         let shared = &self.shared.slots[slot];
         let h = r.history;
-        let at = |stamp: u32, set: HistoryFlags| {
-            h.flags.contains(set).then(|| self.stamped_at(stamp))
-        };
+        let at =
+            |stamp: u32, set: HistoryFlags| h.flags.contains(set).then(|| self.stamped_at(stamp));
         let s = shared.state.load(Ordering::Acquire);
         // Until it is freed the state word says how it stands; after, what was kept of it
         // when it was (the word then belongs to the slot's next generation).

@@ -4,7 +4,7 @@
 
 use kvdrain::{
     AgentId, BlockHandle, Config, Decision, Duration, EdgeOutcome, Ended, Expect, FailureCause,
-    Instant, Ledger, Record, RecordedEdges, RequestKey, Registration,
+    Instant, Ledger, Record, RecordedEdges, Registration, RequestKey,
 };
 
 const P0: AgentId = AgentId(0);
@@ -54,7 +54,9 @@ fn decide(l: &mut L) -> Vec<(&'static str, Record<4>)> {
             Decision::Released(r) if r.forced() => "released!",
             Decision::Released(_) => "released",
         };
-        let record = engine.record(d.key()).expect("read before the next registration");
+        let record = engine
+            .record(d.key())
+            .expect("read before the next registration");
         out.push((word, record));
     }
     out
