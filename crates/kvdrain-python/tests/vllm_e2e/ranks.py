@@ -66,6 +66,11 @@ from faults import FaultyNixl
 
 NUM_BLOCKS = 160
 MLA_LATENT = 48  # kv_lora_rank 32 + qk_rope_head_dim 16
+# The MLA engines run vLLM's reference CPU MLA backend on every host, with its kernel's
+# block size: left to itself vLLM picks AMX_MLA (blocks of a multiple of 32) where the
+# CPU has AMX tiles and CPU_MLA (blocks of 16) where it has not, and a 32-token block on
+# a CPU_MLA host is split in two kernel blocks the cache here is not shaped for.
+MLA_BLOCK_SIZE = 16
 MLA_LAYERS = ["model.layers.0.self_attn", "model.layers.1.self_attn"]
 
 
@@ -163,12 +168,16 @@ class RankWorker:
             tp=tp,
             extra=extra,
         )
+        self.block_size = MLA_BLOCK_SIZE if mla else BLOCK_SIZE
         if mla:
             from vllm.config import ModelConfig
+            from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
             cfg.model_config = ModelConfig(
                 model=mla_model_dir(root), skip_tokenizer_init=True, dtype="float32"
             )
+            cfg.cache_config.block_size = MLA_BLOCK_SIZE
+            cfg.attention_config.backend = AttentionBackendEnum.CPU_MLA
         cfg.parallel_config.pipeline_parallel_size = pp
         cfg.parallel_config.world_size = tp * pp
         cfg.parallel_config.rank = rank
@@ -219,7 +228,7 @@ class RankWorker:
 
             decode.register = recording_register
         shape = (
-            (NUM_BLOCKS, BLOCK_SIZE, MLA_LATENT)
+            (NUM_BLOCKS, MLA_BLOCK_SIZE, MLA_LATENT)
             if mla
             else (NUM_BLOCKS, self.heads, BLOCK_SIZE, 2 * HEAD_SIZE)
         )
@@ -231,7 +240,10 @@ class RankWorker:
         spec: Any
         if self.mla:
             spec = MLAAttentionSpec(
-                block_size=BLOCK_SIZE, num_kv_heads=1, head_size=MLA_LATENT, dtype=torch.float32
+                block_size=MLA_BLOCK_SIZE,
+                num_kv_heads=1,
+                head_size=MLA_LATENT,
+                dtype=torch.float32,
             )
         else:
             spec = FullAttentionSpec(
@@ -455,7 +467,7 @@ class Scheduler:
     def _request(self, rid: str, n_blocks: int, params: dict[str, Any]) -> Request:
         return Request(
             request_id=rid,
-            prompt_token_ids=list(range(10, 10 + n_blocks * BLOCK_SIZE)),
+            prompt_token_ids=list(range(10, 10 + n_blocks * self.me.block_size)),
             sampling_params=SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": params}),
             pooling_params=None,
         )
@@ -500,7 +512,7 @@ class Scheduler:
         self.sched.update_state_after_alloc(req, kvb, 0)
         self.fan("stamp", blocks=blocks, index=index)
         req.status = RequestStatus.FINISHED_LENGTH_CAPPED
-        req.num_computed_tokens = n_blocks * BLOCK_SIZE
+        req.num_computed_tokens = n_blocks * self.me.block_size
         delay, _params = self.sched.request_finished(req, list(blocks))
         self.reqs[rid] = {
             "req": req,
