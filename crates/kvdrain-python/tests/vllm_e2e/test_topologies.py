@@ -611,6 +611,9 @@ def test_producer_rank_killed_mid_write(hosts: Hosts, topology: str) -> None:
         decision_after_kill_s=round(told_at[0] - killed_at, 3),
         release_after_kill_s=round(told_at[-1] - killed_at, 3),
         ledger={k: v - before[k] for k, v in _ledger(plugin).items()},
+        exit_after_kill_s=None
+        if (exited := plugin.P.host.exited_at.get(1)) is None
+        else round(exited - killed_at, 3),
     )
     check_edges(plugin, line)  # named: the precondition of a decision by the lost agent
     assert line["told"] == ["invalid_blocks", "failed_recving"], line

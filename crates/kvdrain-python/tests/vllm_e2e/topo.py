@@ -41,6 +41,7 @@ class Host(EngineProc):
     ) -> None:
         self.role = role
         self.tp, self.pp = tp, pp
+        self.exited_at: dict[int, float] = {}  # rank -> when a killed rank was reaped
         self.name = f"{role}-tp{tp}-pp{pp}"
         self.engine_id = self.name
         self.dead = False
@@ -105,12 +106,20 @@ class Host(EngineProc):
 
     def kill_rank(self, rank: int) -> None:
         """SIGKILL one rank process: every engine with a rank in it is dead from then on
-        (vLLM's engine dies with a worker) and never stepped again."""
+        (vLLM's engine dies with a worker) and never stepped again. Returns at once: the
+        kernel may take seconds to tear a loaded process down (its sockets close only
+        then), and the engines it serves are stepped meanwhile, as a deployment's are.
+        When the process was reaped is kept in ``exited_at``."""
         self.dead = True
         p = self.procs[rank]
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
-        p.wait(timeout=30)
+
+        def reap() -> None:
+            p.wait()
+            self.exited_at[rank] = time.monotonic()
+
+        threading.Thread(target=reap, daemon=True).start()
 
     def close(self) -> None:
         if self.alive() and self._ready:
