@@ -617,10 +617,16 @@ def test_producer_rank_killed_mid_write(hosts: Hosts, topology: str) -> None:
     )
     check_edges(plugin, line)  # named: the precondition of a decision by the lost agent
     assert line["told"] == ["invalid_blocks", "failed_recving"], line
-    # Failed by the lost agent's edges, not expired: before the deadline, however long
-    # the next heartbeat's step took.
-    want = {"failed": plugin.D.tp, "expired": 0, "gone_edges": len(failing)}
-    assert line["ledger"] == want, line
+    # The lost agent shows only once the kernel has torn the killed process down and
+    # closed its sockets (1.8-8.4 s on a loaded 2-core host). Reaped a second or more
+    # before the receive's deadline (at least DEADLINE_MS after the run began), the
+    # request fails by the lost agent's edges; reaped later, either may decide first.
+    exited = plugin.P.host.exited_at.get(1)
+    if exited is not None and exited < plugin.t0 + DEADLINE_MS / 1000 - 1:
+        want = {"failed": plugin.D.tp, "expired": 0, "gone_edges": len(failing)}
+        assert line["ledger"] == want, line
+    else:
+        assert line["ledger"]["failed"] + line["ledger"]["expired"] == plugin.D.tp, line
     plugin_ok(line)
     run_until(both, lambda: bool(control.told()) or time.monotonic() > killed_at + WATCH_S, BOUND_S)
     cline = control.finish(failing=failing, kind="killed", last=killed_at)
