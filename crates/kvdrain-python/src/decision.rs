@@ -51,7 +51,7 @@ pub(crate) struct Decision {
     pub(crate) outstanding: Py<PyAny>,
     /// The request's record as read when the decision was taken (plain data: `record`
     /// builds its Python objects when it is read).
-    pub(crate) recorded: Option<Recorded>,
+    pub(crate) recorded: Option<Arc<Recorded>>,
     /// The ledger's agent names, for the record's named edges.
     pub(crate) agents: Arc<Mutex<AgentTable>>,
 }
@@ -114,7 +114,7 @@ impl Decision {
                 Py::new(
                     py,
                     PyRecord {
-                        recorded: recorded.clone(),
+                        recorded: Arc::clone(recorded),
                         request_id: self.request_id.clone_ref(py),
                         agents: Arc::clone(&self.agents),
                     },

@@ -40,7 +40,8 @@ pub(crate) struct Recorded {
 #[pyclass(frozen, module = "kvdrain", name = "Record")]
 #[derive(Debug)]
 pub(crate) struct PyRecord {
-    pub(crate) recorded: Recorded,
+    /// Shared with the decision it was read from.
+    pub(crate) recorded: Arc<Recorded>,
     pub(crate) request_id: Py<PyString>,
     /// The ledger's agent names, for the named edges.
     pub(crate) agents: Arc<Mutex<AgentTable>>,

@@ -11,7 +11,7 @@
 //! works on a whole batch, so the dynamic call is paid once per batch.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use kvdrain::{
     AbortError, AgentId, BlockHandle, ClockError, Config, Decision as CoreDecision, Duration,
@@ -41,8 +41,9 @@ pub(crate) struct Taken {
     pub(crate) at_ms: u64,
     pub(crate) forced: bool,
     pub(crate) outstanding: Option<Outstanding>,
-    /// The request's record, read as the decision was taken.
-    pub(crate) recorded: Option<Recorded>,
+    /// The request's record, read as the decision was taken (on the heap: a `Taken`
+    /// and a `Decision` stay small, so a poll of thousands moves little memory).
+    pub(crate) recorded: Option<Arc<Recorded>>,
 }
 
 /// One message of a batch: the sender's number and the bytes, borrowed from a `bytes`
@@ -259,9 +260,11 @@ fn taken<const N: usize>(
 ) -> Option<Taken> {
     let key = d.key().get();
     let leaves = matches!(d, CoreDecision::Completed(_) | CoreDecision::Released(_));
-    let recorded = side.engine.record(d.key()).map(|record| Recorded {
-        record,
-        ended_edges: side.ended_edges(key, leaves),
+    let recorded = side.engine.record(d.key()).map(|record| {
+        Arc::new(Recorded {
+            record,
+            ended_edges: side.ended_edges(key, leaves),
+        })
     });
     let requests = &mut side.requests;
     let (kind, entry, forced, outstanding) = match d {
@@ -395,9 +398,11 @@ fn abort_side<const N: usize>(
     id: &str,
 ) -> Result<Taken, AbortError> {
     let q = side.engine.abort_id(id)?;
-    let recorded = side.engine.record(q.key()).map(|record| Recorded {
-        record,
-        ended_edges: side.ended_edges(q.key().get(), false),
+    let recorded = side.engine.record(q.key()).map(|record| {
+        Arc::new(Recorded {
+            record,
+            ended_edges: side.ended_edges(q.key().get(), false),
+        })
     });
     let entry = side.requests.get(q.key().get()).map(|e| e.clone_ref(py));
     // A request the core tracks is always in the table; if it were not, the abort
