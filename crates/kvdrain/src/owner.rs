@@ -10,10 +10,10 @@ use crate::time::Instant;
 use crate::timers::Timers;
 use crate::tombstones::TombstoneAges;
 
-/// Owner-only facts about a slot's request: one 64-byte cache line, aligned to one
-/// (asserted below), read and written on the decisions' paths.
+/// Owner-only facts about a slot's request: 64 bytes, a cache line's worth (asserted
+/// below), read and written on the decisions' paths. (Aligning it to a line measured no
+/// faster: the split halves' ratio to the floor rose.)
 #[derive(Clone, Copy, Debug)]
-#[repr(align(64))]
 pub(crate) struct Request {
     pub(crate) key: u64,
     pub(crate) blocks: u64,
