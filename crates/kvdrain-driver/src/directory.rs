@@ -6,6 +6,7 @@
 //! [`AgentId::STRANGER`], which matches no edge, so garbage senders create no state.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use kvdrain::AgentId;
 
@@ -13,7 +14,8 @@ use kvdrain::AgentId;
 #[derive(Debug, Default)]
 pub struct AgentDirectory {
     ids: HashMap<String, AgentId>,
-    names: Vec<String>,
+    /// Shared with the records of decisions ([`crate::consumer::DecisionRecord`]).
+    names: Vec<Arc<str>>,
 }
 
 /// The directory holds [`AgentDirectory::CAPACITY`] names already.
@@ -39,7 +41,7 @@ impl AgentDirectory {
             .map(AgentId)
             .ok_or_else(|| DirectoryFull(name.to_owned()))?;
         self.ids.insert(name.to_owned(), id);
-        self.names.push(name.to_owned());
+        self.names.push(Arc::from(name));
         Ok(id)
     }
 
@@ -55,7 +57,12 @@ impl AgentDirectory {
 
     /// The name of `id`.
     pub fn name(&self, id: AgentId) -> Option<&str> {
-        self.names.get(usize::from(id.0)).map(String::as_str)
+        self.names.get(usize::from(id.0)).map(|n| &**n)
+    }
+
+    /// The name of `id`, shared (a reference count, no copy of the name).
+    pub fn shared_name(&self, id: AgentId) -> Option<Arc<str>> {
+        self.names.get(usize::from(id.0)).cloned()
     }
 }
 
@@ -70,6 +77,8 @@ mod tests {
         assert_eq!(d.intern("p1").unwrap(), AgentId(1));
         assert_eq!(d.intern("p0").unwrap(), a);
         assert_eq!(d.name(a), Some("p0"));
+        assert_eq!(d.shared_name(a).as_deref(), Some("p0"));
+        assert_eq!(d.shared_name(AgentId::STRANGER), None);
         assert_eq!(d.id_or_stranger("who"), AgentId::STRANGER);
         assert_eq!(d.get("who"), None);
     }

@@ -152,6 +152,7 @@ fn a_failed_drain_leaves_the_rest_of_the_round_done() {
             Some(ConsumerEvent::Expired {
                 request,
                 outstanding: Outstanding::Count(2),
+                ..
             }) if request.id == "r"
         ),
         "the deadline passed in the failed poll: {expired:?}"

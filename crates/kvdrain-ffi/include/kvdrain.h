@@ -65,6 +65,9 @@
 // `uint64_t` for "no timer pending" (`kvdrain_engine_info.next_timer_ms`).
 #define KVDRAIN_NO_TIMER UINT64_MAX
 
+// `uint64_t` for "not set" in a `kvdrain_record`'s times.
+#define KVDRAIN_NO_TIME UINT64_MAX
+
 // What a call did. `KVDRAIN_OK` is 0; every other value is an error and the call changed
 // nothing, unless its documentation says otherwise. `kvdrain_status_str` gives a message.
 enum kvdrain_status
@@ -107,8 +110,8 @@ enum kvdrain_status
   KVDRAIN_ERR_LATE = 12,
   // Abort: the key's ticket was used up already — the request was aborted before, or
   // it was decided and the engine has taken its decision from the core (it comes, or
-  // came, out of `kvdrain_engine_poll`). Rust rejects a reused ticket at compile time:
-  // tickets are consumed by value.
+  // came, out of `kvdrain_engine_poll`), or a made-up key below the last one issued.
+  // Rust rejects a reused ticket at compile time: tickets are consumed by value.
   KVDRAIN_ERR_STALE = 13,
   // Advance: the time is earlier than the ledger's clock; nothing changed.
   KVDRAIN_ERR_CLOCK_BACKWARDS = 14,
@@ -208,6 +211,63 @@ typedef enum kvdrain_edge_state {
   // The consumer rank cannot be named or reached: no notice can be sent.
   KVDRAIN_EDGE_UNREACHABLE = 7,
 } kvdrain_edge_state;
+
+// How a named edge stands.
+enum kvdrain_record_edge_outcome
+#ifdef __cplusplus
+  : uint32_t
+#endif // __cplusplus
+ {
+  // Nothing resolved it.
+  KVDRAIN_RECORD_EDGE_OUTSTANDING = 0,
+  // Its completion notice came.
+  KVDRAIN_RECORD_EDGE_LANDED = 1,
+  // A failure notice, a `gone` or a `fence` of its agent failed it.
+  KVDRAIN_RECORD_EDGE_FAILED = 2,
+};
+#ifndef __cplusplus
+typedef uint32_t kvdrain_record_edge_outcome;
+#endif // __cplusplus
+
+// How a request ended before every edge resolved.
+enum kvdrain_record_ended
+#ifdef __cplusplus
+  : uint32_t
+#endif // __cplusplus
+ {
+  // It did not: its edges decided it, or it is still tracked.
+  KVDRAIN_ENDED_NONE = 0,
+  // `kvdrain_engine_abort` or `_abort_id`.
+  KVDRAIN_ENDED_ABORTED = 1,
+  // Its deadline passed.
+  KVDRAIN_ENDED_EXPIRED = 2,
+};
+#ifndef __cplusplus
+typedef uint32_t kvdrain_record_ended;
+#endif // __cplusplus
+
+// What a request's first failure was.
+enum kvdrain_failure_cause
+#ifdef __cplusplus
+  : uint32_t
+#endif // __cplusplus
+ {
+  // It did not fail.
+  KVDRAIN_FAILURE_NONE = 0,
+  // A producer's `PUSH_FAIL:`.
+  KVDRAIN_FAILURE_NOTICE = 1,
+  // `kvdrain_engine_gone` of one of its agents.
+  KVDRAIN_FAILURE_GONE = 2,
+  // `kvdrain_engine_fence` of one of its agents.
+  KVDRAIN_FAILURE_FENCED = 3,
+  // The abort.
+  KVDRAIN_FAILURE_ABORTED = 4,
+  // The deadline.
+  KVDRAIN_FAILURE_EXPIRED = 5,
+};
+#ifndef __cplusplus
+typedef uint32_t kvdrain_failure_cause;
+#endif // __cplusplus
 
 // The half that registers, aborts, fences, advances the clock and takes decisions out:
 // one thread at a time (the scheduler thread; a second thread's call returns
@@ -402,6 +462,57 @@ typedef struct kvdrain_owed_notice {
   uint8_t posted;
 } kvdrain_owed_notice;
 
+// One named edge of a `kvdrain_record`.
+typedef struct kvdrain_record_edge {
+  // How it stands.
+  kvdrain_record_edge_outcome outcome;
+  // The agent id given to `kvdrain_engine_register`.
+  uint16_t agent;
+} kvdrain_record_edge;
+
+// What the ledger knows of one request (`kvdrain_engine_record`). Times in ms on the
+// ledger's clock, `KVDRAIN_NO_TIME` where unset.
+typedef struct kvdrain_record {
+  // The request's key.
+  uint64_t key;
+  // The clock at its registration.
+  uint64_t registered_ms;
+  // When it expires (or expired) with edges outstanding.
+  uint64_t deadline_ms;
+  // The last failure notice that resolved one of its edges.
+  uint64_t failure_notice_ms;
+  // The last `gone` that resolved one of its edges.
+  uint64_t gone_ms;
+  // The last `fence` that resolved one of its edges.
+  uint64_t fenced_ms;
+  // When it was aborted or expired (`ended`).
+  uint64_t ended_ms;
+  // When `COMPLETED` or `FAILED` was decided.
+  uint64_t decided_ms;
+  // Until when its blocks settled after a failure, if they had to.
+  uint64_t settle_end_ms;
+  // When its blocks came back (`COMPLETED` or `RELEASED`).
+  uint64_t released_ms;
+  // When its first failure happened (`first_failure`).
+  uint64_t first_failure_ms;
+  // Named-edge mode: the first `named_edges` entries, in registration order.
+  struct kvdrain_record_edge edges[8];
+  // Aborted, expired, or neither.
+  kvdrain_record_ended ended;
+  // The earliest of its failures, or `KVDRAIN_FAILURE_NONE`.
+  kvdrain_failure_cause first_failure;
+  // Named edges (`1..=KVDRAIN_MAX_EDGES`), or 0 in counting mode.
+  uint8_t named_edges;
+  // Notices (counting) or named edges expected.
+  uint8_t expected;
+  // Notices (counting) or named edges still owed.
+  uint8_t outstanding;
+  // Counting mode: 1 when one of the notices that came was a failure notice.
+  uint8_t count_failed;
+  // 1 when the quarantine forced the blocks back with writes outstanding.
+  uint8_t forced;
+} kvdrain_record;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -443,7 +554,8 @@ kvdrain_status kvdrain_engine_register(struct kvdrain_engine *engine,
 // Errors: `KVDRAIN_ERR_LATE` (decided first: its decision comes from poll),
 // `KVDRAIN_ERR_STALE` (this key was aborted before, or its decision was taken from the
 // core already: it comes, or came, out of poll),
-// `KVDRAIN_ERR_UNKNOWN` (no registration got this key).
+// `KVDRAIN_ERR_UNKNOWN` (no registration got this key: it is above every key issued; a
+// made-up key below the last one issued reads as `KVDRAIN_ERR_STALE`).
 //
 // # Safety
 // `engine` is NULL or a live engine handle; `out` is NULL or writable.
@@ -810,6 +922,21 @@ kvdrain_status kvdrain_encode_failure_notice(const uint8_t *id,
                                              uint16_t tp_size,
                                              uint8_t *out,
                                              size_t *len);
+
+// Writes into `*out` what the ledger knows of the request registered under `key`: its
+// edges and how each stands, its failure times and first failure, deadline, decision,
+// settle end and release. Readable from the registration until the request's slot takes
+// the next registration: read the records of the decisions a `kvdrain_engine_poll`
+// returned before registering again. Engine thread.
+//
+// Errors (nothing written): `KVDRAIN_ERR_NULL` (`out`), `KVDRAIN_ERR_UNKNOWN` (a key
+// no registration returned, or whose slot holds a later request now).
+//
+// # Safety
+// `engine` is NULL or a live engine handle; `out` is NULL or writable.
+kvdrain_status kvdrain_engine_record(struct kvdrain_engine *engine,
+                                     uint64_t key,
+                                     struct kvdrain_record *out);
 
 // A static, NUL-terminated English message for `status` (any value: unknown ones get
 // "unknown status"). Never NULL, never freed. Any thread.

@@ -259,7 +259,8 @@ fn abort_done(
 /// Errors: `KVDRAIN_ERR_LATE` (decided first: its decision comes from poll),
 /// `KVDRAIN_ERR_STALE` (this key was aborted before, or its decision was taken from the
 /// core already: it comes, or came, out of poll),
-/// `KVDRAIN_ERR_UNKNOWN` (no registration got this key).
+/// `KVDRAIN_ERR_UNKNOWN` (no registration got this key: it is above every key issued; a
+/// made-up key below the last one issued reads as `KVDRAIN_ERR_STALE`).
 ///
 /// # Safety
 /// `engine` is NULL or a live engine handle; `out` is NULL or writable.

@@ -43,7 +43,9 @@
 //!    clock: a `PUSH_FAIL:` then settles from its arrival, not from the engine's last
 //!    advance (up to a scheduler step earlier).
 //! 4. On `KVDRAIN_NOTICE_DECIDED` or each scheduler step: `kvdrain_engine_poll` until it
-//!    returns fewer decisions than asked; act on each.
+//!    returns fewer decisions than asked; act on each. To log what happened to a request
+//!    (its edges, first failure, settle end, release), `kvdrain_engine_record(key)` for
+//!    its decision before the next `kvdrain_engine_register`.
 //! 5. Each scheduler step: `kvdrain_engine_advance(now_ms)`, then poll (settle ends fire
 //!    here too).
 //! 6. Client cancel: `kvdrain_engine_advance(now_ms)`, then `kvdrain_engine_abort(key)`:
@@ -88,6 +90,9 @@
 //! * **Decisions pulled into your array** (`decisions.rs`): `kvdrain_engine_poll` pulls
 //!   the core's queued decisions one at a time, only as many as your array holds; the rest
 //!   wait in the core.
+//! * **Records by key** (`record.rs`): `kvdrain_engine_record` copies the core's record
+//!   of a request into a plain struct, a call apart so that `kvdrain_decision` stays 32
+//!   bytes and a caller that never asks pays nothing.
 //! * **A panic boundary** on every entry point: a panic becomes `KVDRAIN_ERR_PANIC` and
 //!   poisons the handle (halves and push plans alike); nothing unwinds into C. NULL pointers and bad lengths are status
 //!   codes.
@@ -102,6 +107,7 @@ mod group;
 mod ingest;
 mod ledger;
 mod producer;
+mod record;
 mod status;
 mod tickets;
 
@@ -134,6 +140,10 @@ pub use producer::{
     kvdrain_push_plan_owed, kvdrain_push_plan_post_failed, kvdrain_push_plan_posted,
     kvdrain_push_plan_retire, kvdrain_push_plan_state, kvdrain_push_plan_status_unknown,
     kvdrain_push_plan_unreachable, kvdrain_topology,
+};
+pub use record::{
+    KVDRAIN_NO_TIME, kvdrain_engine_record, kvdrain_failure_cause, kvdrain_record,
+    kvdrain_record_edge, kvdrain_record_edge_outcome, kvdrain_record_ended,
 };
 pub use status::{kvdrain_status, kvdrain_status_str};
 

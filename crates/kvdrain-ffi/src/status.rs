@@ -43,8 +43,8 @@ pub enum kvdrain_status {
     KVDRAIN_ERR_LATE = 12,
     /// Abort: the key's ticket was used up already — the request was aborted before, or
     /// it was decided and the engine has taken its decision from the core (it comes, or
-    /// came, out of `kvdrain_engine_poll`). Rust rejects a reused ticket at compile time:
-    /// tickets are consumed by value.
+    /// came, out of `kvdrain_engine_poll`), or a made-up key below the last one issued.
+    /// Rust rejects a reused ticket at compile time: tickets are consumed by value.
     KVDRAIN_ERR_STALE = 13,
     /// Advance: the time is earlier than the ledger's clock; nothing changed.
     KVDRAIN_ERR_CLOCK_BACKWARDS = 14,

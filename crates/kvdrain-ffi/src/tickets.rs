@@ -6,8 +6,12 @@
 //! ticket to the core, and so that a key whose ticket was used up reads as
 //! `KVDRAIN_ERR_STALE` rather than reaching the core.
 //!
-//! Keys are the core's registration numbers (0, 1, 2, ...). The table is open addressing
-//! on `key & mask`, so consecutive keys land in consecutive cells, with Robin Hood
+//! Keys are the core's: a registration number above the request's slot in the low 16
+//! bits (so that the core finds a record by key). Keys above every key issued read as
+//! never issued; a made-up key below the last one issued cannot be told from a spent one
+//! (the table keeps no history) and reads as spent. The table is open addressing on
+//! `key & mask`, which is the slot: slots are reused last-freed first, so the live keys
+//! sit in the low cells, mostly consecutive, with Robin Hood
 //! ordering (along a probe run, cells sit no farther from home than the cells before them
 //! allow) and backward-shift deletion. The ordering matters here: the live keys form one
 //! long run of occupied cells, so a plain linear-probing table would scan the whole run on
@@ -202,16 +206,19 @@ mod tests {
     fn keys_come_back_once_then_read_as_spent() {
         let mut ledger = Ledger::<64, 8>::new(Config::with_capacity(64));
         let mut t = Tickets::with_capacity(4);
+        let mut keys = Vec::new();
         for ticket in tickets(&mut ledger, 3) {
+            keys.push(ticket.key().get());
             t.insert(ticket);
         }
         assert_eq!(t.len(), 3);
-        assert!(matches!(t.take(1), Lookup::Live(c) if c.key().get() == 1));
-        assert_eq!(t.take(1), Lookup::Spent);
-        assert_eq!(t.take(3), Lookup::NeverIssued);
-        t.forget(0);
-        assert_eq!(t.take(0), Lookup::Spent);
-        assert!(matches!(t.take(2), Lookup::Live(_)));
+        assert!(matches!(t.take(keys[1]), Lookup::Live(c) if c.key().get() == keys[1]));
+        assert_eq!(t.take(keys[1]), Lookup::Spent);
+        // The next registration number, in any slot, was never issued.
+        assert_eq!(t.take((keys[2] | 0xFFFF) + 1), Lookup::NeverIssued);
+        t.forget(keys[0]);
+        assert_eq!(t.take(keys[0]), Lookup::Spent);
+        assert!(matches!(t.take(keys[2]), Lookup::Live(_)));
         assert_eq!(t.len(), 0);
     }
 

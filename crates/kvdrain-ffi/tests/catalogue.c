@@ -1,9 +1,9 @@
 /*
  * The C ABI against the failure catalogue (docs/protocol.md): C2 in both orders,
  * duplicates, unknown ids, garbage bytes, a full table, abort, deadline, fence, gone,
- * settling (from the last advance, or from a notice's arrival), handle misuse, the
- * producer's owed notices, and two threads feeding and polling at once (>= 10^5
- * requests, no decision lost or doubled).
+ * settling (from the last advance, or from a notice's arrival), the record of a decision,
+ * handle misuse, the producer's owed notices, and two threads feeding and polling at once
+ * (>= 10^5 requests, no decision lost or doubled).
  *
  * Built by `make c-test` with -fsanitize=address,undefined against the static library,
  * and once more against the installed library through pkg-config. Prints
@@ -259,7 +259,7 @@ static void test_full_table_and_bad_registrations(void) {
     kvdrain_decision d[2];
     CHECK(poll_all(&f, d, 2, 2) == 1);
     OK(reg(&f, "c", 3, 1, NULL, 0, 0, &c)); /* a's slot is free again */
-    CHECK(c == 2);
+    CHECK(c != a && c != b && (c & 0xFFFF) == (a & 0xFFFF)); /* keys carry their slot */
     kvdrain_engine_counters ec;
     OK(kvdrain_engine_get_counters(f.engine, &ec));
     CHECK(ec.rejected_full == 1 && ec.rejected_duplicate_id == 1 && ec.registered == 3);
@@ -993,7 +993,8 @@ static void test_two_threads(void) {
     /* Per request: bit 0 decided for the client (COMPLETED, FAILED, or aborted), bit 1
      * blocks back (RELEASED), bit 2 aborted, bit 3 abort refused as LATE. */
     uint8_t *seen = calloc(TWO_THREAD_REQUESTS, 1);
-    CHECK(seen != NULL);
+    uint64_t *keys = calloc(TWO_THREAD_REQUESTS, sizeof *keys);
+    CHECK(seen != NULL && keys != NULL);
     pthread_t t;
     CHECK(pthread_create(&t, NULL, ingest_thread, &run) == 0);
     const uint16_t agents[] = {0, 1};
@@ -1010,7 +1011,9 @@ static void test_two_threads(void) {
             request_id(id, sizeof id, k);
             uint64_t key = UINT64_MAX;
             kvdrain_status s = reg(&f, id, k + 1000, 0, agents, 2, 0, &key);
-            if (s != KVDRAIN_OK || key != k) anomalies++;
+            /* Keys grow with every registration above the request's slot (low 16 bits). */
+            if (s != KVDRAIN_OK || key >> 16 != k) anomalies++;
+            keys[k] = key;
             registered++;
             atomic_store_explicit(&run.registered, registered, memory_order_release);
         }
@@ -1021,9 +1024,9 @@ static void test_two_threads(void) {
             uint64_t k = next_abort++;
             if (!is_raced(k)) continue;
             kvdrain_quarantined q;
-            kvdrain_status s = kvdrain_engine_abort(f.engine, k, &q);
+            kvdrain_status s = kvdrain_engine_abort(f.engine, keys[k], &q);
             if (s == KVDRAIN_OK) {
-                if (q.key != k || q.cause != KVDRAIN_ABORTED || q.named != 1) anomalies++;
+                if (q.key != keys[k] || q.cause != KVDRAIN_ABORTED || q.named != 1) anomalies++;
                 if (seen[k] & 1) anomalies++;
                 seen[k] |= 1 | 4;
                 aborted++;
@@ -1040,8 +1043,8 @@ static void test_two_threads(void) {
         OK(kvdrain_engine_poll(f.engine, d, &n));
         if (n == 0) sched_yield();
         for (size_t i = 0; i < n; i++) {
-            uint64_t k = d[i].key;
-            if (k >= TWO_THREAD_REQUESTS) {
+            uint64_t k = d[i].key >> 16;
+            if (k >= TWO_THREAD_REQUESTS || keys[k] != d[i].key) {
                 anomalies++;
                 continue;
             }
@@ -1094,6 +1097,80 @@ static void test_two_threads(void) {
            (unsigned long long)failed, (unsigned long long)aborted, (unsigned long long)late,
            (unsigned long long)released);
     free(seen);
+    free(keys);
+    close_ledger(&f);
+}
+
+/* The record of each decision, read by key right after the poll that took it: a named
+ * request failed by a notice (20) and a gone (30) that settles until 80, and an aborted
+ * counting request forced back by its quarantine; then hostile keys and pointers. */
+static void test_record(void) {
+    kvdrain_config cfg;
+    OK(kvdrain_config_default(16, &cfg));
+    cfg.deadline_ms = 100;
+    cfg.quarantine_ms = 1000;
+    cfg.settle_ms = 50;
+    fixture f = open_with(&cfg);
+    const uint16_t agents[3] = {0, 1, 2};
+    uint64_t a = 0, c = 0;
+    kvdrain_decision d[4];
+    kvdrain_record r;
+    uint32_t resolved = 0;
+
+    OK(kvdrain_engine_advance(f.engine, 5));
+    OK(reg(&f, "a", 10, 0, agents, 3, 0, &a));
+    CHECK(feed(&f, 0, "a:3") == KVDRAIN_NOTICE_COUNTED);
+    OK(kvdrain_engine_advance(f.engine, 20));
+    CHECK(feed(&f, 1, "PUSH_FAIL:a:3") == KVDRAIN_NOTICE_COUNTED);
+    OK(kvdrain_engine_advance(f.engine, 30));
+    OK(kvdrain_engine_gone(f.engine, 2, &resolved));
+    CHECK(resolved == 1);
+    CHECK(poll_all(&f, d, 4, 4) == 1);
+    expect_decision(&d[0], KVDRAIN_FAILED, a, 0, 0);
+    OK(kvdrain_engine_record(f.engine, a, &r));
+    CHECK(r.key == a && r.registered_ms == 5 && r.deadline_ms == 105);
+    CHECK(r.named_edges == 3 && r.expected == 3 && r.outstanding == 0);
+    CHECK(r.edges[0].agent == 0 && r.edges[0].outcome == KVDRAIN_RECORD_EDGE_LANDED);
+    CHECK(r.edges[1].agent == 1 && r.edges[1].outcome == KVDRAIN_RECORD_EDGE_FAILED);
+    CHECK(r.edges[2].agent == 2 && r.edges[2].outcome == KVDRAIN_RECORD_EDGE_FAILED);
+    CHECK(r.failure_notice_ms == 20 && r.gone_ms == 30 && r.fenced_ms == KVDRAIN_NO_TIME);
+    CHECK(r.first_failure == KVDRAIN_FAILURE_NOTICE && r.first_failure_ms == 20);
+    CHECK(r.ended == KVDRAIN_ENDED_NONE && r.ended_ms == KVDRAIN_NO_TIME);
+    CHECK(r.decided_ms == 30 && r.settle_end_ms == 80);
+    CHECK(r.released_ms == KVDRAIN_NO_TIME && r.forced == 0);
+
+    OK(kvdrain_engine_advance(f.engine, 80));
+    CHECK(poll_all(&f, d, 4, 4) == 1);
+    expect_decision(&d[0], KVDRAIN_RELEASED, a, 10, 0);
+    OK(kvdrain_engine_record(f.engine, a, &r));
+    CHECK(r.released_ms == 80 && r.forced == 0 && r.settle_end_ms == 80);
+
+    OK(reg(&f, "c", 11, 2, NULL, 0, 0, &c));
+    kvdrain_quarantined q;
+    OK(kvdrain_engine_abort(f.engine, c, &q));
+    OK(kvdrain_engine_advance(f.engine, 1080));
+    CHECK(poll_all(&f, d, 4, 4) == 1);
+    expect_decision(&d[0], KVDRAIN_RELEASED, c, 11, 1);
+    OK(kvdrain_engine_record(f.engine, c, &r));
+    CHECK(r.named_edges == 0 && r.expected == 2 && r.outstanding == 2 && r.count_failed == 0);
+    CHECK(r.ended == KVDRAIN_ENDED_ABORTED && r.ended_ms == 80);
+    CHECK(r.first_failure == KVDRAIN_FAILURE_ABORTED && r.first_failure_ms == 80);
+    CHECK(r.decided_ms == KVDRAIN_NO_TIME && r.released_ms == 1080 && r.forced == 1);
+
+    /* Hostile input: nothing written, a status back. */
+    kvdrain_record untouched;
+    memset(&untouched, 0xAB, sizeof untouched);
+    r = untouched;
+    EXPECT(kvdrain_engine_record(f.engine, a, NULL), KVDRAIN_ERR_NULL);
+    EXPECT(kvdrain_engine_record(NULL, a, &r), KVDRAIN_ERR_NULL);
+    EXPECT(kvdrain_engine_record(f.engine, UINT64_MAX, &r), KVDRAIN_ERR_UNKNOWN);
+    EXPECT(kvdrain_engine_record(f.engine, c + ((uint64_t)1 << 16), &r), KVDRAIN_ERR_UNKNOWN);
+    /* c took a's slot (its key carries it): a's record is gone, c's is there. */
+    CHECK((c & 0xFFFF) == (a & 0xFFFF));
+    EXPECT(kvdrain_engine_record(f.engine, a, &r), KVDRAIN_ERR_UNKNOWN);
+    CHECK(memcmp(&r, &untouched, sizeof r) == 0);
+    OK(kvdrain_engine_record(f.engine, c, &r));
+    CHECK(r.key == c && r.expected == 2);
     close_ledger(&f);
 }
 
@@ -1176,6 +1253,7 @@ int main(void) {
     RUN(test_settling_against_quarantine);
     RUN(test_settle_zero_is_vllm);
     RUN(test_late_poll);
+    RUN(test_record);
     RUN(test_batch_feed);
     RUN(test_handles_nulls_and_misuse);
     RUN(test_producer_owed_notices);

@@ -147,8 +147,10 @@ fn the_catalogue_in_brief() {
             kvdrain_engine_abort(f.engine, b, null_mut()),
             KVDRAIN_ERR_STALE
         );
+        // A key above every key issued (keys carry their slot in their low 16 bits:
+        // the next registration's sequence number, shifted, is such a key).
         assert_eq!(
-            kvdrain_engine_abort(f.engine, 99, null_mut()),
+            kvdrain_engine_abort(f.engine, (b | 0xFFFF) + 1, null_mut()),
             KVDRAIN_ERR_UNKNOWN
         );
     }
@@ -227,18 +229,20 @@ fn two_threads_decide_each_request_once() {
                 fed = ready;
             }
         });
+        // Each request's blocks are its number; its key is whatever register returned.
+        let mut keys = vec![u64::MAX; requests as usize];
         let mut seen = vec![false; requests as usize];
         let (mut next, mut done) = (0, 0);
         while done < requests {
             while next < requests && next - done < 8 {
-                assert_eq!(f.register(&format!("r{next}"), next, 0, &[0, 1]), next);
+                keys[next as usize] = f.register(&format!("r{next}"), next, 0, &[0, 1]);
                 next += 1;
                 registered.store(next, std::sync::atomic::Ordering::Release);
             }
             for d in poll(f.engine, 3) {
                 assert_eq!(d.kind, KVDRAIN_COMPLETED);
-                assert_eq!(d.blocks, d.key);
-                assert!(!std::mem::replace(&mut seen[d.key as usize], true));
+                assert_eq!(keys[d.blocks as usize], d.key);
+                assert!(!std::mem::replace(&mut seen[d.blocks as usize], true));
                 done += 1;
             }
             std::thread::yield_now();
@@ -310,4 +314,110 @@ fn producer_outcomes_through_the_abi() {
         );
         kvdrain_push_plan_free(plan);
     }
+}
+
+/// The record of each decision, read by key right after the poll that took it: a named
+/// request failed by a notice and a fence, an expired counting request, and the errors
+/// (NULL out, an unknown key, a key whose slot holds a later request).
+#[test]
+fn records_of_the_decisions_just_polled() {
+    use kvdrain_failure_cause::*;
+    use kvdrain_record_edge_outcome::*;
+    use kvdrain_record_ended::*;
+
+    let f = Fixture::open(2);
+    let record = |key: u64| {
+        let mut out = MaybeUninit::<kvdrain_record>::uninit();
+        // SAFETY: live handle; `out` writable.
+        let status = unsafe { kvdrain_engine_record(f.engine, key, out.as_mut_ptr()) };
+        // SAFETY: written when the status is OK.
+        (status == KVDRAIN_OK).then(|| unsafe { out.assume_init() })
+    };
+    // SAFETY: live handle.
+    assert_eq!(unsafe { kvdrain_engine_advance(f.engine, 5) }, KVDRAIN_OK);
+    let a = f.register("a", 10, 0, &[3, 4, 5]);
+    let c = f.register("c", 11, 2, &[]);
+    assert_eq!(f.feed(3, "a:3"), KVDRAIN_NOTICE_COUNTED);
+    assert_eq!(f.feed(7, "c:1"), KVDRAIN_NOTICE_COUNTED);
+    let mut resolved = 0;
+    // SAFETY: live handle; valid pointers.
+    unsafe {
+        assert_eq!(kvdrain_engine_advance(f.engine, 20), KVDRAIN_OK);
+        assert_eq!(kvdrain_ingest_set_arrival(f.ingest, 20), KVDRAIN_OK);
+    }
+    assert_eq!(f.feed(4, "PUSH_FAIL:a:3"), KVDRAIN_NOTICE_COUNTED);
+    // SAFETY: live handle; valid pointers.
+    unsafe {
+        assert_eq!(kvdrain_engine_advance(f.engine, 30), KVDRAIN_OK);
+        assert_eq!(kvdrain_engine_fence(f.engine, 5, &mut resolved), KVDRAIN_OK);
+        assert_eq!(kvdrain_engine_advance(f.engine, 105), KVDRAIN_OK);
+    }
+    assert_eq!(resolved, 1);
+    let decided: Vec<_> = f.poll().iter().map(|d| (d.kind, d.key)).collect();
+    assert_eq!(
+        decided,
+        [
+            (KVDRAIN_FAILED, a),
+            (KVDRAIN_RELEASED, a),
+            (KVDRAIN_EXPIRED, c)
+        ]
+    );
+
+    let ra = record(a).expect("a's slot not reused yet");
+    assert_eq!((ra.key, ra.registered_ms, ra.deadline_ms), (a, 5, 105));
+    assert_eq!((ra.named_edges, ra.expected, ra.outstanding), (3, 3, 0));
+    let edges: Vec<_> = ra.edges[..3].iter().map(|e| (e.agent, e.outcome)).collect();
+    assert_eq!(
+        edges,
+        [
+            (3, KVDRAIN_RECORD_EDGE_LANDED),
+            (4, KVDRAIN_RECORD_EDGE_FAILED),
+            (5, KVDRAIN_RECORD_EDGE_FAILED)
+        ]
+    );
+    assert_eq!((ra.failure_notice_ms, ra.fenced_ms), (20, 30));
+    assert_eq!(
+        (ra.gone_ms, ra.ended_ms),
+        (KVDRAIN_NO_TIME, KVDRAIN_NO_TIME)
+    );
+    assert_eq!(
+        (ra.first_failure, ra.first_failure_ms),
+        (KVDRAIN_FAILURE_NOTICE, 20)
+    );
+    assert_eq!(ra.ended, KVDRAIN_ENDED_NONE);
+    // Settle 0: released with the decision, by the fence at 30.
+    assert_eq!((ra.decided_ms, ra.released_ms, ra.forced), (30, 30, 0));
+
+    let rc = record(c).expect("c is quarantined");
+    assert_eq!((rc.named_edges, rc.expected, rc.outstanding), (0, 2, 1));
+    assert_eq!(rc.count_failed, 0);
+    assert_eq!((rc.ended, rc.ended_ms), (KVDRAIN_ENDED_EXPIRED, 105));
+    assert_eq!(
+        (rc.first_failure, rc.first_failure_ms),
+        (KVDRAIN_FAILURE_EXPIRED, 105)
+    );
+    assert_eq!(
+        (rc.decided_ms, rc.released_ms),
+        (KVDRAIN_NO_TIME, KVDRAIN_NO_TIME)
+    );
+
+    // Hostile input: NULL out, a NULL handle, a key never returned.
+    // SAFETY: NULL is accepted for both pointers.
+    unsafe {
+        assert_eq!(
+            kvdrain_engine_record(f.engine, a, null_mut()),
+            KVDRAIN_ERR_NULL
+        );
+        let mut out = MaybeUninit::uninit();
+        assert_eq!(
+            kvdrain_engine_record(null_mut(), a, out.as_mut_ptr()),
+            KVDRAIN_ERR_NULL
+        );
+    }
+    assert_eq!(record(u64::MAX), None);
+    assert_eq!(record(a + (1 << 16)), None);
+    // a's slot takes the next registration: its record is gone, the new one's is there.
+    let b = f.register("b", 12, 1, &[]);
+    assert_eq!(record(a), None);
+    assert_eq!(record(b).map(|r| (r.key, r.expected)), Some((b, 1)));
 }

@@ -204,9 +204,14 @@ typedef struct {
     atomic_int stop;
     atomic_long busy_seen;
     long decisions, fed;
-    unsigned char *state; /* per key */
-    uint64_t *blocks;     /* per key */
+    unsigned char *state; /* per registration number */
+    uint64_t *blocks;     /* per registration number */
+    uint64_t *keys;       /* per registration number */
 } arena;
+
+/* A key's registration number: keys carry their request's slot in their low 16 bits and
+ * grow with every registration above them. */
+static uint64_t number(uint64_t key) { return key >> 16; }
 
 static void *garbage_feeder(void *arg) {
     arena *a = arg;
@@ -267,14 +272,15 @@ static void *counter_reader(void *arg) {
 
 static void check_decision(arena *a, const kvdrain_decision *d) {
     a->decisions++;
-    if (d->key >= MAX_KEYS || a->state[d->key] == 0) {
+    uint64_t n = number(d->key);
+    if (n >= MAX_KEYS || a->state[n] == 0 || a->keys[n] != d->key) {
         FAIL("decision for key %llu never handed out", (unsigned long long)d->key);
         return;
     }
-    unsigned char *st = &a->state[d->key];
+    unsigned char *st = &a->state[n];
     switch (d->kind) {
     case KVDRAIN_COMPLETED:
-        if (*st != PENDING || d->blocks != a->blocks[d->key])
+        if (*st != PENDING || d->blocks != a->blocks[n])
             FAIL("COMPLETED for key %llu in state %d", (unsigned long long)d->key, *st);
         *st = DONE;
         break;
@@ -286,7 +292,7 @@ static void check_decision(arena *a, const kvdrain_decision *d) {
         *st = QUARANTINED;
         break;
     case KVDRAIN_RELEASED:
-        if (*st != QUARANTINED || d->blocks != a->blocks[d->key])
+        if (*st != QUARANTINED || d->blocks != a->blocks[n])
             FAIL("RELEASED for key %llu in state %d", (unsigned long long)d->key, *st);
         *st = DONE;
         break;
@@ -321,14 +327,16 @@ static void garbage_engine(arena *a) {
             uint64_t key = UINT64_MAX;
             RETRY_BUSY(a, s, kvdrain_engine_register(a->engine, &r, &key));
             if (s == KVDRAIN_OK) {
-                if (key >= MAX_KEYS || a->state[key] != 0) {
+                uint64_t n = number(key);
+                if (n >= MAX_KEYS || a->state[n] != 0) {
                     FAIL("key %llu handed out twice or too high", (unsigned long long)key);
                     return;
                 }
-                a->state[key] = PENDING;
-                a->blocks[key] = blocks;
+                a->state[n] = PENDING;
+                a->blocks[n] = blocks;
+                a->keys[n] = key;
                 registered++;
-                next_key_hint = key + 1;
+                next_key_hint = n + 1;
             } else if (s != KVDRAIN_ERR_FULL && s != KVDRAIN_ERR_DUPLICATE_ID &&
                        s != KVDRAIN_ERR_BAD_COUNT && s != KVDRAIN_ERR_BAD_EDGES) {
                 FAIL("register returned %u", (unsigned)s);
@@ -349,19 +357,33 @@ static void garbage_engine(arena *a) {
                     FAIL("backwards advance returned %u", (unsigned)s);
             }
         } else if (pick < 14) {
-            uint64_t key = next_key_hint ? next(&rng) % (next_key_hint + 4) : next(&rng) % 4;
+            /* A key handed out, or one never issued (above them), or any number. */
+            uint64_t n = next_key_hint ? next(&rng) % (next_key_hint + 4) : next(&rng) % 4;
+            uint64_t key = n < MAX_KEYS && a->state[n] ? a->keys[n] : n << 16;
+            if (next(&rng) % 8 == 0) key = next(&rng);
             kvdrain_quarantined q;
             RETRY_BUSY(a, s, kvdrain_engine_abort(a->engine, key, &q));
             if (s == KVDRAIN_OK) {
-                if (key >= MAX_KEYS || a->state[key] != PENDING)
+                n = number(key);
+                if (n >= MAX_KEYS || a->keys[n] != key || a->state[n] != PENDING)
                     FAIL("abort of key %llu in state %d", (unsigned long long)key,
-                         key < MAX_KEYS ? a->state[key] : -1);
+                         n < MAX_KEYS ? a->state[n] : -1);
                 else
-                    a->state[key] = QUARANTINED;
+                    a->state[n] = QUARANTINED;
             } else if (s != KVDRAIN_ERR_UNKNOWN && s != KVDRAIN_ERR_LATE &&
                        s != KVDRAIN_ERR_STALE) {
                 FAIL("abort returned %u", (unsigned)s);
             }
+        } else if (pick < 15 && next(&rng) % 2) {
+            /* The record of any key: a known one's, or an error; never a crash. */
+            uint64_t n = next_key_hint ? next(&rng) % (next_key_hint + 4) : 0;
+            uint64_t key = n < MAX_KEYS && a->state[n] ? a->keys[n] : next(&rng);
+            kvdrain_record rec;
+            RETRY_BUSY(a, s, kvdrain_engine_record(a->engine, key, &rec));
+            if (s == KVDRAIN_OK && rec.key != key) FAIL("record of key %llu names another",
+                                                       (unsigned long long)key);
+            else if (s != KVDRAIN_OK && s != KVDRAIN_ERR_UNKNOWN)
+                FAIL("record returned %u", (unsigned)s);
         } else if (pick < 15) {
             uint32_t resolved;
             RETRY_BUSY(a, s, kvdrain_engine_fence(a->engine, (uint16_t)(next(&rng) % 5),
@@ -382,12 +404,13 @@ static int garbage(double seconds) {
     arena a = {0};
     a.state = calloc(MAX_KEYS, 1);
     a.blocks = calloc(MAX_KEYS, sizeof *a.blocks);
+    a.keys = calloc(MAX_KEYS, sizeof *a.keys);
     kvdrain_config cfg;
     kvdrain_config_default(256, &cfg);
     cfg.deadline_ms = 300;
     cfg.quarantine_ms = 500;
     cfg.settle_ms = 20;
-    if (a.state == NULL || a.blocks == NULL || kvdrain_ledger_new(&cfg, &a.ledger) != KVDRAIN_OK ||
+    if (a.state == NULL || a.blocks == NULL || a.keys == NULL || kvdrain_ledger_new(&cfg, &a.ledger) != KVDRAIN_OK ||
         kvdrain_ledger_split(a.ledger, &a.ingest, &a.engine) != KVDRAIN_OK) {
         FAIL("cannot open the garbage ledger");
         return 1;
@@ -407,6 +430,7 @@ static int garbage(double seconds) {
     kvdrain_ledger_free(a.ledger);
     free(a.state);
     free(a.blocks);
+    free(a.keys);
     return 0;
 }
 

@@ -39,8 +39,9 @@ use crate::metrics::Latency;
 use crate::transport::NixlConsumerTransport;
 
 pub use kvdrain_driver::consumer::{
-    ConsumerConfig, ConsumerCounters, ConsumerEngine, EdgeMode, PollReport, ReceiveSpec,
-    Registered, RemoteProducer, TrackedRequest,
+    ConsumerConfig, ConsumerCounters, ConsumerEngine, DecisionRecord, EdgeMode, EdgeRecord,
+    EdgeResolution, PollReport, ReceiveSpec, RecordEdges, Registered, RemoteProducer,
+    TrackedRequest,
 };
 
 /// The engine's side of the decisions: where blocks go.
@@ -60,6 +61,13 @@ pub trait BlockRelease {
     /// the client now, its blocks come back later through [`release`](Self::release).
     fn expired(&mut self, request: &TrackedRequest, outstanding: Outstanding) {
         let _ = (request, outstanding);
+    }
+    /// What happened to the request ([`DecisionRecord`]: its edges by producer agent and
+    /// how each resolved, its failure, deadline, settle end and release), handed just
+    /// before each of the calls above for the same decision. For a log line of every
+    /// request that did not complete, or an operator's view.
+    fn record(&mut self, request: &TrackedRequest, record: &DecisionRecord) {
+        let _ = (request, record);
     }
 }
 
@@ -405,17 +413,22 @@ pub fn deliver<const N: usize, const E: usize>(
     let mut n = 0;
     while let Some(event) = engine.poll_event() {
         n += 1;
+        release.record(event.request(), event.record());
         match event {
-            ConsumerEvent::Decode { request, blocks } => release.decode(&request, blocks),
-            ConsumerEvent::Failed { request } => release.failed(&request),
+            ConsumerEvent::Decode {
+                request, blocks, ..
+            } => release.decode(&request, blocks),
+            ConsumerEvent::Failed { request, .. } => release.failed(&request),
             ConsumerEvent::Expired {
                 request,
                 outstanding,
+                ..
             } => release.expired(&request, outstanding),
             ConsumerEvent::Release {
                 request,
                 blocks,
                 forced,
+                ..
             } => release.release(&request, blocks, forced),
         }
     }

@@ -13,7 +13,8 @@ use nixl_sys::AgentConfig;
 use crate::agent::{AgentError, UcxAgent};
 use crate::block_layout::BlockLayout;
 use crate::consumer::{
-    BlockRelease, Consumer, ConsumerConfig, NixlConsumerError, RemoteProducer, TrackedRequest,
+    BlockRelease, Consumer, ConsumerConfig, DecisionRecord, NixlConsumerError, RemoteProducer,
+    TrackedRequest,
 };
 use crate::handshake::{ConsumerRank, StaticHandshake};
 use crate::pool::DramPool;
@@ -244,6 +245,8 @@ pub struct Recorder {
     pub events: VecDeque<(&'static str, String)>,
     /// Blocks handed to decode or released, with the request id.
     pub blocks: Vec<(String, u64)>,
+    /// The record of every decision, in order, with the request id.
+    pub records: Vec<(String, DecisionRecord)>,
 }
 
 impl Recorder {
@@ -273,6 +276,9 @@ impl BlockRelease for Recorder {
     }
     fn expired(&mut self, request: &TrackedRequest, _outstanding: Outstanding) {
         self.events.push_back(("expired", request.id.clone()));
+    }
+    fn record(&mut self, request: &TrackedRequest, record: &DecisionRecord) {
+        self.records.push((request.id.clone(), record.clone()));
     }
 }
 

@@ -1,7 +1,12 @@
 //! `kvdrain.Decision`: one decision about one request, with the caller's own objects.
 
+use std::sync::{Arc, Mutex};
+
 use pyo3::prelude::*;
 use pyo3::types::PyString;
+
+use crate::agents::AgentTable;
+use crate::record::{PyRecord, Recorded};
 
 /// What was decided. The Python side sees the lower-case word (the replay format's
 /// `event`).
@@ -44,6 +49,11 @@ pub(crate) struct Decision {
     /// `None`, an `int` (counting mode) or a `list[str]` (named edges), for expired and
     /// aborted decisions.
     pub(crate) outstanding: Py<PyAny>,
+    /// The request's record as read when the decision was taken (plain data: `record`
+    /// builds its Python objects when it is read).
+    pub(crate) recorded: Option<Arc<Recorded>>,
+    /// The ledger's agent names, for the record's named edges.
+    pub(crate) agents: Arc<Mutex<AgentTable>>,
 }
 
 #[pymethods]
@@ -90,6 +100,27 @@ impl Decision {
     #[getter]
     fn outstanding(&self, py: Python<'_>) -> Py<PyAny> {
         self.outstanding.clone_ref(py)
+    }
+
+    /// What the ledger knew of the request when this decision was taken
+    /// (`kvdrain.Record`): its edges by agent and how each resolved, its first failure,
+    /// deadline, settle end and release. A new object at each read. `None` only if it
+    /// could not be read, which the ledger does not let happen.
+    #[getter]
+    fn record(&self, py: Python<'_>) -> PyResult<Option<Py<PyRecord>>> {
+        self.recorded
+            .as_ref()
+            .map(|recorded| {
+                Py::new(
+                    py,
+                    PyRecord {
+                        recorded: Arc::clone(recorded),
+                        request_id: self.request_id.clone_ref(py),
+                        agents: Arc::clone(&self.agents),
+                    },
+                )
+            })
+            .transpose()
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {

@@ -4,7 +4,7 @@
 //! [`crate::tracker`] and, for what runs under them, [`crate::lock`]), so a NIXL writer
 //! thread can `feed` while the engine thread registers, polls and advances.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use kvdrain::{AbortError, AgentId, ClockError, Config, Duration, Outstanding, RegisterErrorKind};
 use pyo3::prelude::*;
@@ -55,7 +55,8 @@ pub(crate) const TABLE_SIZES: [usize; 4] = [1024, 4096, 16_384, 65_536];
 #[pyclass(frozen, module = "kvdrain", name = "Ledger")]
 pub(crate) struct PyLedger {
     tracker: Box<dyn Tracker>,
-    agents: Mutex<AgentTable>,
+    /// Shared with the decisions, whose records name agents when read.
+    agents: Arc<Mutex<AgentTable>>,
     table_size: usize,
     capacity: usize,
     deadline_ms: u64,
@@ -142,6 +143,8 @@ impl PyLedger {
                 at_ms: t.at_ms,
                 forced: t.forced,
                 outstanding,
+                recorded: t.recorded,
+                agents: Arc::clone(&self.agents),
             },
         )
     }
@@ -363,7 +366,7 @@ impl PyLedger {
         })?;
         Ok(PyLedger {
             tracker,
-            agents: Mutex::new(AgentTable::default()),
+            agents: Arc::new(Mutex::new(AgentTable::default())),
             table_size,
             capacity,
             deadline_ms,

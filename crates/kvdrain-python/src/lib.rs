@@ -43,6 +43,7 @@ mod feed;
 mod ledger;
 mod lock;
 mod producer;
+mod record;
 mod requests;
 mod tracker;
 
@@ -53,6 +54,7 @@ use pyo3::prelude::*;
 fn _kvdrain(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ledger::PyLedger>()?;
     m.add_class::<decision::Decision>()?;
+    m.add_class::<record::PyRecord>()?;
     m.add_class::<producer::PyPushPlan>()?;
     m.add("TABLE_SIZES", ledger::TABLE_SIZES.to_vec())?;
     m.add("MAX_EDGES", tracker::EDGES)?;

@@ -10,7 +10,8 @@
 //! [`Tracker`] erases `N` so that one Python class can hold any table size; each method
 //! works on a whole batch, so the dynamic call is paid once per batch.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use kvdrain::{
     AbortError, AgentId, BlockHandle, ClockError, Config, Decision as CoreDecision, Duration,
@@ -24,6 +25,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use crate::decision::Kind;
 use crate::lock::{lock, lock_detached};
+use crate::record::{EndedEdges, Recorded};
 use crate::requests::{Entry, Requests};
 
 /// Named edges per request in every table the module builds (counting mode allows up to
@@ -39,6 +41,9 @@ pub(crate) struct Taken {
     pub(crate) at_ms: u64,
     pub(crate) forced: bool,
     pub(crate) outstanding: Option<Outstanding>,
+    /// The request's record, read as the decision was taken (on the heap: a `Taken`
+    /// and a `Decision` stay small, so a poll of thousands moves little memory).
+    pub(crate) recorded: Option<Arc<Recorded>>,
 }
 
 /// One message of a batch: the sender's number and the bytes, borrowed from a `bytes`
@@ -150,7 +155,7 @@ struct IngestSide<'l, const N: usize> {
 
 /// How an agent's outstanding named edges end: the core's `fence` (the transport proves
 /// nothing more of it lands) or `gone` (it was seen go away; its edges settle).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum AgentEnd {
     Fence,
     Gone,
@@ -162,6 +167,9 @@ struct EngineSide<'l, const N: usize> {
     engine: Engine<'l, N, EDGES>,
     /// Live registrations by request key.
     requests: Requests,
+    /// The edges `gone` or `fence` resolved, by request key, until the request leaves
+    /// `requests` (empty unless an agent ended: the common path only checks that).
+    ended_edges: HashMap<u64, EndedEdges>,
 }
 
 #[derive(Debug)]
@@ -224,7 +232,11 @@ pub(crate) fn build<const N: usize>(config: Config) -> Result<Box<dyn Tracker>, 
                                 ingest,
                                 not_bytes: 0,
                             }),
-                            engine: Mutex::new(EngineSide { engine, requests }),
+                            engine: Mutex::new(EngineSide {
+                                engine,
+                                requests,
+                                ended_edges: HashMap::new(),
+                            }),
                         }
                     },
                 }
@@ -236,11 +248,25 @@ pub(crate) fn build<const N: usize>(config: Config) -> Result<Box<dyn Tracker>, 
         .map_err(|_| BuildError::NoThread(std::io::Error::other("building the ledger panicked")))
 }
 
-/// Turns one of the core's decisions into a [`Taken`]; completed and released requests
-/// leave the table. `None` only for a key this side never registered (a bookkeeping bug:
-/// there is no request to tell the caller about).
-fn taken(requests: &mut Requests, py: Python<'_>, at_ms: u64, d: CoreDecision) -> Option<Taken> {
+/// Turns one of the core's decisions, just pulled, into a [`Taken`] with the request's
+/// record (read now: the slot may take the next registration once the decision is out);
+/// completed and released requests leave the table. `None` only for a key this side never
+/// registered (a bookkeeping bug: there is no request to tell the caller about).
+fn taken<const N: usize>(
+    side: &mut EngineSide<'_, N>,
+    py: Python<'_>,
+    at_ms: u64,
+    d: CoreDecision,
+) -> Option<Taken> {
     let key = d.key().get();
+    let leaves = matches!(d, CoreDecision::Completed(_) | CoreDecision::Released(_));
+    let recorded = side.engine.record(d.key()).map(|record| {
+        Arc::new(Recorded {
+            record,
+            ended_edges: side.ended_edges(key, leaves),
+        })
+    });
+    let requests = &mut side.requests;
     let (kind, entry, forced, outstanding) = match d {
         CoreDecision::Completed(drained) => {
             let BlockHandle(_) = drained.into_decode();
@@ -270,7 +296,64 @@ fn taken(requests: &mut Requests, py: Python<'_>, at_ms: u64, d: CoreDecision) -
         at_ms,
         forced,
         outstanding,
+        recorded,
     })
+}
+
+impl<const N: usize> EngineSide<'_, N> {
+    /// The edges `gone` or `fence` resolved of request `key`; forgotten if it `leaves`.
+    fn ended_edges(&mut self, key: u64, leaves: bool) -> EndedEdges {
+        if self.ended_edges.is_empty() {
+            return EndedEdges::new();
+        }
+        if leaves {
+            self.ended_edges.remove(&key).unwrap_or_default()
+        } else {
+            self.ended_edges.get(&key).cloned().unwrap_or_default()
+        }
+    }
+
+    /// The core's `fence` or `gone` of `agent`, noting in each request it touched which
+    /// edge it resolved: those of `agent` outstanding before and failed after, unless the
+    /// ingest half failed some by notice meanwhile (more changed than the core resolved:
+    /// then their cause is `None`). Reads the record of every live request naming
+    /// `agent` twice, on this rare path only.
+    fn end_agent(&mut self, agent: AgentId, how: AgentEnd) -> u32 {
+        let owing: Vec<(u64, usize)> = self
+            .requests
+            .keyed()
+            .filter_map(|(key, entry)| {
+                let edge = entry.agents.as_deref()?.iter().position(|&a| a == agent)?;
+                let record = self.engine.record(kvdrain::RequestKey::from_raw(key))?;
+                let &(_, outcome) = record.edges.named().get(edge)?;
+                (outcome == kvdrain::EdgeOutcome::Outstanding).then_some((key, edge))
+            })
+            .collect();
+        let resolved = match how {
+            AgentEnd::Fence => self.engine.fence(agent),
+            AgentEnd::Gone => self.engine.gone(agent),
+        };
+        let at_ms = self.engine.now().millis();
+        let failed: Vec<(u64, usize)> = owing
+            .into_iter()
+            .filter(|&(key, edge)| {
+                self.engine
+                    .record(kvdrain::RequestKey::from_raw(key))
+                    .and_then(|r| r.edges.named().get(edge).map(|e| e.1))
+                    == Some(kvdrain::EdgeOutcome::Failed)
+            })
+            .collect();
+        let how = (failed.len() == resolved as usize).then_some(how);
+        for (key, edge) in failed {
+            if let Ok(edge) = u8::try_from(edge) {
+                self.ended_edges
+                    .entry(key)
+                    .or_default()
+                    .push((edge, how, at_ms));
+            }
+        }
+        resolved
+    }
 }
 
 /// The core loop of `feed`: every message to the ingest half, in order.
@@ -293,9 +376,19 @@ fn feed_side<const N: usize>(
 }
 
 /// Pulls the decisions the last `advance` or `fence` queued (those of requests the ingest
-/// half drained stay for `poll`, which decides them).
-fn take_queued<const N: usize>(engine: &mut Engine<'_, N, EDGES>, each: impl FnMut(CoreDecision)) {
-    engine.drain_queued().for_each(each);
+/// half drained stay for `poll`, which decides them), each with its record.
+fn take_queued<const N: usize>(
+    side: &mut EngineSide<'_, N>,
+    py: Python<'_>,
+    at_ms: u64,
+    out: &mut Vec<Taken>,
+) {
+    loop {
+        // One at a time: each one's record is read before the next is pulled.
+        let next = side.engine.drain_queued().next();
+        let Some(d) = next else { break };
+        out.extend(taken(side, py, at_ms, d));
+    }
 }
 
 /// The core's `abort_id` under the engine lock, as an `aborted` decision.
@@ -305,6 +398,12 @@ fn abort_side<const N: usize>(
     id: &str,
 ) -> Result<Taken, AbortError> {
     let q = side.engine.abort_id(id)?;
+    let recorded = side.engine.record(q.key()).map(|record| {
+        Arc::new(Recorded {
+            record,
+            ended_edges: side.ended_edges(q.key().get(), false),
+        })
+    });
     let entry = side.requests.get(q.key().get()).map(|e| e.clone_ref(py));
     // A request the core tracks is always in the table; if it were not, the abort
     // would concern nothing the caller registered.
@@ -315,6 +414,7 @@ fn abort_side<const N: usize>(
         at_ms: side.engine.now().millis(),
         forced: false,
         outstanding: Some(q.outstanding()),
+        recorded,
     })
 }
 
@@ -405,11 +505,10 @@ impl<const N: usize> Tracker for Halves<N> {
     fn poll(&self, py: Python<'_>) -> Vec<Taken> {
         let mut out = Vec::new();
         self.with_sides(|sides| {
-            let mut side = lock(py, &sides.engine);
-            let EngineSide { engine, requests } = &mut *side;
-            let at_ms = engine.now().millis();
-            for d in engine.decisions() {
-                out.extend(taken(requests, py, at_ms, d));
+            let side = &mut *lock(py, &sides.engine);
+            let at_ms = side.engine.now().millis();
+            while let Some(d) = side.engine.poll_decision() {
+                out.extend(taken(side, py, at_ms, d));
             }
         });
         out
@@ -423,22 +522,25 @@ impl<const N: usize> Tracker for Halves<N> {
         others: &mut Vec<Taken>,
     ) {
         self.with_sides(|sides| {
-            let mut side = lock(py, &sides.engine);
-            let EngineSide { engine, requests } = &mut *side;
-            let at_ms = engine.now().millis();
-            for d in engine.decisions() {
+            let side = &mut *lock(py, &sides.engine);
+            let at_ms = side.engine.now().millis();
+            while let Some(d) = side.engine.poll_decision() {
                 match d {
                     CoreDecision::Completed(drained) => {
+                        // No record: no `Decision` is made for a completed request here.
                         let key = drained.key().get();
                         let BlockHandle(_) = drained.into_decode();
-                        if let Some(entry) = requests.remove(key) {
+                        if !side.ended_edges.is_empty() {
+                            side.ended_edges.remove(&key);
+                        }
+                        if let Some(entry) = side.requests.remove(key) {
                             // Not dropped here: the ledger may hold the last reference,
                             // and its `__del__` must not run under this lock.
                             blocks.push(entry.blocks);
                             completed.push(entry.id);
                         }
                     }
-                    other => others.extend(taken(requests, py, at_ms, other)),
+                    other => others.extend(taken(side, py, at_ms, other)),
                 }
             }
         });
@@ -447,10 +549,9 @@ impl<const N: usize> Tracker for Halves<N> {
     fn advance(&self, py: Python<'_>, now_ms: u64) -> Result<Vec<Taken>, ClockError> {
         let mut out = Vec::new();
         self.with_sides(|sides| {
-            let mut side = lock(py, &sides.engine);
-            let EngineSide { engine, requests } = &mut *side;
-            engine.advance(Instant::from_millis(now_ms))?;
-            take_queued(engine, |d| out.extend(taken(requests, py, now_ms, d)));
+            let side = &mut *lock(py, &sides.engine);
+            side.engine.advance(Instant::from_millis(now_ms))?;
+            take_queued(side, py, now_ms, &mut out);
             Ok::<(), ClockError>(())
         })?;
         Ok(out)
@@ -488,17 +589,13 @@ impl<const N: usize> Tracker for Halves<N> {
     ) -> Result<(u32, Vec<Taken>), ClockError> {
         let mut out = Vec::new();
         let resolved = self.with_sides(|sides| {
-            let mut side = lock(py, &sides.engine);
-            let EngineSide { engine, requests } = &mut *side;
+            let side = &mut *lock(py, &sides.engine);
             if let Some(now_ms) = now_ms {
-                engine.advance(Instant::from_millis(now_ms))?;
+                side.engine.advance(Instant::from_millis(now_ms))?;
             }
-            let at_ms = engine.now().millis();
-            let resolved = match how {
-                AgentEnd::Fence => engine.fence(agent),
-                AgentEnd::Gone => engine.gone(agent),
-            };
-            take_queued(engine, |d| out.extend(taken(requests, py, at_ms, d)));
+            let at_ms = side.engine.now().millis();
+            let resolved = side.end_agent(agent, how);
+            take_queued(side, py, at_ms, &mut out);
             Ok::<u32, ClockError>(resolved)
         })?;
         Ok((resolved, out))

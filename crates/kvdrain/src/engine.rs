@@ -6,7 +6,7 @@ use crate::decided::Kind;
 use crate::error::{AbortError, ClockError, RegisterError, RegisterErrorKind};
 use crate::fingerprint::Fingerprint;
 use crate::index::{DELETED, EMPTY, Index};
-use crate::owner::{History, HistoryFlags, NO_HISTORY, Owner, Request};
+use crate::owner::{History, HistoryFlags, Owner, Request};
 use crate::record::{Ended, Record, RecordedEdges};
 use crate::shared::Shared;
 use crate::slot::EdgeClaim;
@@ -106,21 +106,17 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         self.owner.requests[slot as usize] = Request {
             key,
             blocks: registration.blocks.0,
-            generation,
             due: deadline,
-            bucket,
             fp,
+            generation,
+            bucket,
+            gone_at: 0,
+            registered_at: stamp::of(self.owner.now),
+            deadline: stamp::of(deadline),
+            expected: outstanding as u8,
             live: true,
             settling: false,
-            gone: false,
-            gone_at: 0,
-            owed_at_expiry: 0,
-            history: History {
-                registered_at: stamp::of(self.owner.now),
-                deadline: stamp::of(deadline),
-                expected: outstanding as u8,
-                ..NO_HISTORY
-            },
+            has_history: false,
         };
         if registration.deadline.is_none() {
             // `now + Config::deadline` never decreases: the O(1) FIFO timer.
@@ -230,9 +226,10 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                 let end = self.owner.now + self.owner.config.quarantine;
                 self.owner.timers.set(slot, end, r.key);
                 self.owner.counters.aborted += 1;
-                let history = &mut self.owner.requests[slot as usize].history;
-                history.ended_at = stamp::of(self.owner.now);
-                history.flags |= HistoryFlags::ABORTED;
+                let now = stamp::of(self.owner.now);
+                let h = self.history(slot);
+                h.ended_at = now;
+                h.flags |= HistoryFlags::ABORTED;
                 Ok(self.quarantined(slot, s, QuarantineCause::Aborted))
             }
             Quarantine::AlreadyDrained | Quarantine::AlreadyQuarantined => {
@@ -324,29 +321,32 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         let mut resolved = 0;
         let mut batch = 0;
         let now = stamp::of(self.owner.now);
+        let slots = &self.shared.slots;
         for slot in 0..N as u32 {
             let r = &mut self.owner.requests[slot as usize];
-            let shared = &self.shared.slots[slot as usize];
+            let shared = &slots[slot as usize];
+            let generation = r.generation;
             if !r.live || shared.named() == 0 {
                 continue;
             }
-            if shared.claim_edge(shared.named(), r.generation, agent, true, false)
+            if shared.claim_edge(shared.named(), generation, agent, true, false)
                 != EdgeClaim::Claimed
             {
                 continue;
             }
             resolved += 1;
-            if how == Resolution::Fenced {
-                r.history.fenced_at = now;
-                r.history.flags |= HistoryFlags::FENCED;
-            }
             if how == Resolution::Gone {
                 // Before the state word: whoever decides (here, or a pull after the
                 // ingest side resolved the last edge) reads it on this thread.
-                r.gone = true;
                 r.gone_at = now;
+                self.history(slot).flags |= HistoryFlags::GONE;
             }
-            if shared.state.resolve_edge(r.generation, how) == Resolved::LastEdge {
+            if how == Resolution::Fenced {
+                let h = self.history(slot);
+                h.fenced_at = now;
+                h.flags |= HistoryFlags::FENCED;
+            }
+            if shared.state.resolve_edge(generation, how) == Resolved::LastEdge {
                 self.owner.batch[batch] = slot;
                 batch += 1;
             }
@@ -422,10 +422,10 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
                             Outstanding::Count(n) => (u64::from(n), Kind::ExpiredCount),
                             Outstanding::Edges(mask) => (mask, Kind::ExpiredEdges),
                         };
-                        let record = &mut self.owner.requests[slot as usize];
-                        record.owed_at_expiry = owed;
-                        record.history.ended_at = stamp::of(now);
-                        record.history.flags |= HistoryFlags::EXPIRED;
+                        let h = self.history(slot);
+                        h.owed_at_expiry = owed;
+                        h.ended_at = stamp::of(now);
+                        h.flags |= HistoryFlags::EXPIRED;
                         self.owner.decided.push(slot, kind);
                         let end = r.due + self.owner.config.quarantine;
                         if end <= now {
@@ -528,11 +528,9 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         self.retire(slot);
         self.shared.slots[slot as usize].state.free_drained(s);
         self.owner.counters.completed += 1;
-        let now = stamp::of(self.owner.now);
-        let history = &mut self.owner.requests[slot as usize].history;
-        history.decided_at = now;
-        history.released_at = now;
-        history.flags |= HistoryFlags::DECIDED | HistoryFlags::RELEASED;
+        // Its record: retired with its history not closed says it completed, and `due`
+        // (the deadline, which nothing reads any more) says when. No history line touched.
+        self.owner.requests[slot as usize].due = self.owner.now;
     }
 
     /// Every decision not handed out yet, one [`poll_decision`](Self::poll_decision) per
@@ -600,12 +598,12 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             Kind::ExpiredCount => Decision::Expired(Quarantined {
                 key,
                 cause: QuarantineCause::Expired,
-                outstanding: Outstanding::Count(r.owed_at_expiry as u8),
+                outstanding: Outstanding::Count(self.history_of(slot).owed_at_expiry as u8),
             }),
             Kind::ExpiredEdges => Decision::Expired(Quarantined {
                 key,
                 cause: QuarantineCause::Expired,
-                outstanding: Outstanding::Edges(r.owed_at_expiry),
+                outstanding: Outstanding::Edges(self.history_of(slot).owed_at_expiry),
             }),
             Kind::Released | Kind::ReleasedForced => Decision::Released(Released {
                 key,
@@ -640,17 +638,21 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     pub fn record(&self, key: RequestKey) -> Option<Record<E>> {
         let slot = (key.0 & 0xFFFF) as usize;
         let r = self.owner.requests.get(slot)?;
-        if r.key != key.0 || r.history.expected == 0 {
+        if r.key != key.0 || r.expected == 0 {
             return None;
         }
+        let h = self.history_of(slot as u32);
+        // Retired without a closed history: it completed, at `due` (`complete`).
+        let completed = !r.live && !h.flags.contains(HistoryFlags::CLOSED);
         let shared = &self.shared.slots[slot];
-        let h = r.history;
         let at =
             |stamp: u32, set: HistoryFlags| h.flags.contains(set).then(|| self.stamped_at(stamp));
         let s = shared.state.load(Ordering::Acquire);
         // Until it is freed the state word says how it stands; after, what was kept of it
         // when it was (the word then belongs to the slot's next generation).
-        let (outstanding, failed, notice) = if h.flags.contains(HistoryFlags::CLOSED) {
+        let (outstanding, failed, notice) = if completed {
+            (0, false, None)
+        } else if h.flags.contains(HistoryFlags::CLOSED) {
             (
                 h.outstanding,
                 h.flags.contains(HistoryFlags::FAILED),
@@ -669,7 +671,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         let named = shared.named();
         let edges = if named == 0 {
             RecordedEdges::Count {
-                expected: h.expected,
+                expected: r.expected,
                 outstanding,
                 failed,
             }
@@ -684,17 +686,25 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             .or_else(|| at(h.ended_at, HistoryFlags::EXPIRED).map(|t| (Ended::Expired, t)));
         Some(Record {
             key,
-            registered_at: self.stamped_at(h.registered_at),
-            deadline: self.stamped_at(h.deadline),
+            registered_at: self.stamped_at(r.registered_at),
+            deadline: self.stamped_at(r.deadline),
             edges,
             failure_notice_at: notice,
-            gone_at: r.gone.then(|| self.stamped_at(r.gone_at)),
+            gone_at: at(r.gone_at, HistoryFlags::GONE),
             fenced_at: at(h.fenced_at, HistoryFlags::FENCED),
             ended,
-            decided_at: at(h.decided_at, HistoryFlags::DECIDED),
+            decided_at: if completed {
+                Some(r.due)
+            } else {
+                at(h.decided_at, HistoryFlags::DECIDED)
+            },
             settle_end: h.flags.contains(HistoryFlags::SETTLED).then_some(r.due),
-            released: at(h.released_at, HistoryFlags::RELEASED)
-                .map(|t| (t, h.flags.contains(HistoryFlags::FORCED))),
+            released: if completed {
+                Some((r.due, false))
+            } else {
+                at(h.released_at, HistoryFlags::RELEASED)
+                    .map(|t| (t, h.flags.contains(HistoryFlags::FORCED)))
+            },
         })
     }
 
@@ -762,9 +772,9 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
             Phase::Counting => {
                 self.owner.counters.failed += 1;
                 self.owner.decided.push(slot, Kind::Failed);
-                let history = &mut self.owner.requests[slot as usize].history;
-                history.decided_at = stamp::of(now);
-                history.flags |= HistoryFlags::DECIDED;
+                let h = self.history(slot);
+                h.decided_at = stamp::of(now);
+                h.flags |= HistoryFlags::DECIDED;
             }
             Phase::Aborted | Phase::Expired => {}
             Phase::Free => {
@@ -774,9 +784,8 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         }
         let settle_end = self.settle_end(slot, s);
         if settle_end > Instant::ZERO {
-            let r = &mut self.owner.requests[slot as usize];
-            r.due = settle_end;
-            r.history.flags |= HistoryFlags::SETTLED;
+            self.owner.requests[slot as usize].due = settle_end;
+            self.history(slot).flags |= HistoryFlags::SETTLED;
         }
         if settle_end <= now {
             return self.release_drained(slot, s, false);
@@ -806,7 +815,11 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         let notice = s
             .settles()
             .then(|| self.shared.slots[slot as usize].failure_noticed_at());
-        let gone = r.gone.then_some(r.gone_at);
+        let gone = self
+            .history_of(slot)
+            .flags
+            .contains(HistoryFlags::GONE)
+            .then_some(r.gone_at);
         notice
             .into_iter()
             .chain(gone)
@@ -832,6 +845,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     fn release_drained(&mut self, slot: u32, s: Snapshot, forced: bool) {
         debug_assert_eq!(s.outstanding(), 0);
         let r = self.owner.requests[slot as usize];
+        self.close_history(slot);
         self.retire(slot);
         self.shared.slots[slot as usize].state.free_drained(s);
         self.released(slot, forced);
@@ -871,19 +885,43 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         // AlreadyDrained: the ingest side resolved the last edge; a pull releases it.
     }
 
+    /// The history of the request in `slot`, emptied first if it still holds an earlier
+    /// request's: only the paths where something went wrong call it.
+    #[inline]
+    fn history(&mut self, slot: u32) -> &mut History {
+        let o = &mut *self.owner;
+        let (r, h) = (
+            &mut o.requests[slot as usize],
+            &mut o.histories[slot as usize],
+        );
+        if !r.has_history {
+            *h = History::EMPTY;
+            r.has_history = true;
+        }
+        h
+    }
+
+    /// The history of the request in `slot`, as [`history`](Self::history) would see it.
+    fn history_of(&self, slot: u32) -> History {
+        match self.owner.requests[slot as usize].has_history {
+            true => self.owner.histories[slot as usize],
+            false => History::EMPTY,
+        }
+    }
+
     /// Keeps, for [`record`](Self::record), how the request's state word stands before
     /// it is freed: what it still owes, whether it failed, and the last failure notice's
     /// time. Owner-only; the word may still move under a forced release (a notice that
     /// lands before the free), which changes the record, never a decision.
     fn close_history(&mut self, slot: u32) {
-        let r = &self.owner.requests[slot as usize];
+        let generation = self.owner.requests[slot as usize].generation;
         let shared = &self.shared.slots[slot as usize];
         let s = shared.state.load(Ordering::Acquire);
-        if !s.is_live(r.generation) || r.history.flags.contains(HistoryFlags::CLOSED) {
+        let notice = shared.failure_noticed_at();
+        let h = self.history(slot);
+        if !s.is_live(generation) || h.flags.contains(HistoryFlags::CLOSED) {
             return;
         }
-        let notice = shared.failure_noticed_at();
-        let h = &mut self.owner.requests[slot as usize].history;
         h.outstanding = s.outstanding() as u8;
         h.notice_at = notice;
         h.flags |= HistoryFlags::CLOSED;
@@ -894,7 +932,7 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// Notes in the history that the blocks came back now.
     fn released(&mut self, slot: u32, forced: bool) {
         let now = stamp::of(self.owner.now);
-        let h = &mut self.owner.requests[slot as usize].history;
+        let h = self.history(slot);
         h.released_at = now;
         h.flags |= HistoryFlags::RELEASED;
         h.flags.set(HistoryFlags::FORCED, forced);
@@ -905,7 +943,6 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
     /// that decision is handed out, so its record stays valid until then).
     #[inline(always)]
     fn retire(&mut self, slot: u32) {
-        self.close_history(slot);
         let o = &mut *self.owner;
         let r = &mut o.requests[slot as usize];
         self.shared.tombstones.insert(&mut o.ages, r.fp);

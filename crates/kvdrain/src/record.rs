@@ -35,6 +35,18 @@ pub enum EdgeOutcome {
     Failed,
 }
 
+impl EdgeOutcome {
+    /// Its lower-case name, as logs and bindings spell it: `outstanding`, `landed` or
+    /// `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EdgeOutcome::Outstanding => "outstanding",
+            EdgeOutcome::Landed => "landed",
+            EdgeOutcome::Failed => "failed",
+        }
+    }
+}
+
 /// The edges of a request, as registered and as they stand.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -94,6 +106,18 @@ pub enum FailureCause {
 }
 
 impl FailureCause {
+    /// Its lower-case name, as logs and bindings spell it: `failure_notice`, `gone`,
+    /// `fenced`, `aborted` or `expired`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureCause::Notice(_) => "failure_notice",
+            FailureCause::Gone(_) => "gone",
+            FailureCause::Fenced(_) => "fenced",
+            FailureCause::Aborted(_) => "aborted",
+            FailureCause::Expired(_) => "expired",
+        }
+    }
+
     /// When it happened.
     pub fn at(self) -> Instant {
         match self {

@@ -47,6 +47,13 @@ impl RequestKey {
     pub fn get(self) -> u64 {
         self.0
     }
+
+    /// The key whose [`get`](Self::get) is `key`, for a caller that kept only the number
+    /// (a binding: C, Python). Only [`Engine::record`](crate::Engine::record) takes a
+    /// key, and a number no registration returned finds no record there.
+    pub const fn from_raw(key: u64) -> RequestKey {
+        RequestKey(key)
+    }
 }
 
 /// What a request waits for.

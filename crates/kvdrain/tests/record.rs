@@ -201,3 +201,59 @@ fn a_reused_slot_has_no_record_of_the_request_before() {
     assert_eq!(engine.record(first), None);
     assert_eq!(engine.record(second).map(|r| r.key), Some(second));
 }
+
+/// A history is written only when something goes wrong, and a registration does not
+/// clear the slot's line: what the slot's earlier request went through must not show in
+/// the next one's record, whether that one completes or fails.
+#[test]
+fn a_reused_slot_starts_with_an_empty_history() {
+    let mut l = ledger();
+    // Everything that writes a history: an abort, a fence, a `gone`, a failure notice,
+    // an expiry with a forced release.
+    let _ = register(&mut l, "a", Expect::Edges(&[P0, P1]));
+    at(&mut l, 5);
+    let _ = l.abort_id("a").expect("tracked");
+    assert_eq!(l.fence(P1), 1);
+    assert_eq!(l.gone(P0), 1);
+    at(&mut l, 100);
+    assert!(decide(&mut l).iter().any(|(word, _)| *word == "released"));
+    let _ = register(&mut l, "b", Expect::Count(2));
+    let _ = l.handle_notification(P1, b"PUSH_FAIL:b:2");
+    at(&mut l, 300);
+    let expired = decide(&mut l);
+    assert_eq!(expired[0].0, "expired");
+    at(&mut l, 1300);
+    assert_eq!(decide(&mut l)[0].0, "released!");
+
+    // The next request in that slot completes: a clean record.
+    at(&mut l, 1400);
+    let key = register(&mut l, "c", Expect::Edges(&[P0, P1]));
+    let _ = l.handle_notification(P0, b"c:2");
+    let _ = l.handle_notification(P1, b"c:2");
+    let d = decide(&mut l);
+    let (word, rec) = d[0];
+    assert_eq!((word, rec.key), ("completed", key));
+    assert_eq!(rec.registered_at, ms(1400));
+    assert_eq!(
+        (rec.gone_at, rec.fenced_at, rec.failure_notice_at, rec.ended),
+        (None, None, None, None)
+    );
+    assert_eq!((rec.settle_end, rec.first_failure()), (None, None));
+    assert_eq!(rec.released, Some((ms(1400), false)));
+
+    // And the one after fails by a notice: only its own failure shows.
+    let _ = register(&mut l, "d", Expect::Edges(&[P0, P1]));
+    at(&mut l, 1450);
+    let _ = l.handle_notification(P0, b"PUSH_FAIL:d:2");
+    let _ = l.handle_notification(P1, b"d:2");
+    let d = decide(&mut l);
+    let (word, rec) = d[0];
+    assert_eq!(word, "failed");
+    assert_eq!((rec.gone_at, rec.fenced_at, rec.ended), (None, None, None));
+    assert_eq!(rec.first_failure(), Some(FailureCause::Notice(ms(1450))));
+    assert_eq!(
+        (rec.decided_at, rec.settle_end),
+        (Some(ms(1450)), Some(ms(1500)))
+    );
+    assert_eq!(rec.released, None);
+}

@@ -4,11 +4,12 @@
 //!
 //! Today (x86_64, `kvdrain bench memory`): 253 bytes per request at `E = 8` — shared slot
 //! 60 (state word 4, fingerprint 16, edge count 4, 8 edge words 32, failure-notice stamp
-//! 4), index 8, tombstones 32 + 1, ready ring 4, owner record 96 (56 + what was owed at
-//! the deadline, 8, for the `Expired` decision built at hand-out, + the history a
-//! `Record` reads, 32: seven 4-byte stamps, two counts, the flags), timer 32 + heap
-//! index 4, free list 4, batch 4, decided queue 8 (two 4-byte entries) — and 349 at
-//! `E = 32`.
+//! 4), index 8, tombstones 32 + 1, ready ring 4, owner record 64 (one cache line: the
+//! decisions' fields, with the registration time, deadline and expected count a `Record`
+//! reads) + its history 32 (written only when something goes wrong: what was owed at the
+//! deadline, 8, for the `Expired` decision built at hand-out, five 4-byte stamps, a count,
+//! the flags), timer 32 + heap index 4, free list 4, batch 4, decided queue 8 (two 4-byte
+//! entries) — and 349 at `E = 32`.
 //! The budget is 256 bytes per tracked request.
 
 use kvdrain::Ledger;

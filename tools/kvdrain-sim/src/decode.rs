@@ -106,15 +106,16 @@ impl DecodeRank {
         let mut steps = Vec::new();
         while let Some(event) = self.driver.engine().poll_event() {
             let (request, step, blocks) = match event {
-                ConsumerEvent::Decode { request, blocks } => {
-                    (request, Step::Completed, Some(blocks))
-                }
-                ConsumerEvent::Failed { request } => (request, Step::Failed, None),
+                ConsumerEvent::Decode {
+                    request, blocks, ..
+                } => (request, Step::Completed, Some(blocks)),
+                ConsumerEvent::Failed { request, .. } => (request, Step::Failed, None),
                 ConsumerEvent::Expired { request, .. } => (request, Step::Expired, None),
                 ConsumerEvent::Release {
                     request,
                     blocks,
                     forced,
+                    ..
                 } => (request, Step::Released { forced }, Some(blocks)),
             };
             let Some(req) = request_number(&request.id) else {

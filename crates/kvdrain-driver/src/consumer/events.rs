@@ -3,6 +3,7 @@
 
 use kvdrain::{BlockHandle, Instant, Outstanding, RequestKey};
 
+use super::DecisionRecord;
 use crate::PerRequest;
 
 /// What the driver remembers of a registered request, from its registration to its
@@ -39,7 +40,8 @@ impl TrackedRequest {
     }
 }
 
-/// A decision for the engine.
+/// A decision for the engine, each with the request's [`DecisionRecord`] as it stood
+/// when the decision was handed out.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ConsumerEvent {
     /// `completed`: every write landed; the blocks now belong to the running request.
@@ -48,11 +50,15 @@ pub enum ConsumerEvent {
         request: TrackedRequest,
         /// Its blocks.
         blocks: BlockHandle,
+        /// What happened to it.
+        record: DecisionRecord,
     },
     /// `failed`: apply the KV load failure policy now; `Release` follows.
     Failed {
         /// The request.
         request: TrackedRequest,
+        /// What happened to it.
+        record: DecisionRecord,
     },
     /// `expired`: the deadline passed with `outstanding` writes owed; the blocks come back
     /// later through `Release`.
@@ -61,6 +67,8 @@ pub enum ConsumerEvent {
         request: TrackedRequest,
         /// What was still owed.
         outstanding: Outstanding,
+        /// What happened to it.
+        record: DecisionRecord,
     },
     /// The blocks of a request that did not complete are safe to reuse. `forced`: the
     /// quarantine ran out with writes outstanding.
@@ -71,7 +79,31 @@ pub enum ConsumerEvent {
         blocks: BlockHandle,
         /// Released by the quarantine.
         forced: bool,
+        /// What happened to it.
+        record: DecisionRecord,
     },
+}
+
+impl ConsumerEvent {
+    /// The request the decision is for.
+    pub fn request(&self) -> &TrackedRequest {
+        match self {
+            ConsumerEvent::Decode { request, .. }
+            | ConsumerEvent::Failed { request, .. }
+            | ConsumerEvent::Expired { request, .. }
+            | ConsumerEvent::Release { request, .. } => request,
+        }
+    }
+
+    /// What happened to the request, read as the decision was handed out.
+    pub fn record(&self) -> &DecisionRecord {
+        match self {
+            ConsumerEvent::Decode { record, .. }
+            | ConsumerEvent::Failed { record, .. }
+            | ConsumerEvent::Expired { record, .. }
+            | ConsumerEvent::Release { record, .. } => record,
+        }
+    }
 }
 
 /// What one [`ConsumerDriver::poll`](super::ConsumerDriver::poll) did.

@@ -273,6 +273,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
                 },
                 heartbeat: true,
                 ticket: Some(ticket),
+                by_driver: PerRequest::new(),
             },
         );
     }

@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use kvdrain::{Decision, Instant, Pending, RequestKey};
 
-use super::{ConsumerConfig, ConsumerCounters, ConsumerEvent, RemoteProducer, TrackedRequest};
+use super::record::DriverResolved;
+use super::{
+    ConsumerConfig, ConsumerCounters, ConsumerEvent, DecisionRecord, RemoteProducer, TrackedRequest,
+};
 use crate::PerRequest;
 
 /// One registered request, until it is released.
@@ -18,6 +21,8 @@ pub(super) struct InFlight {
     pub(super) heartbeat: bool,
     /// Until decided or aborted.
     pub(super) ticket: Option<Pending>,
+    /// The named edges the driver's own `gone` or `fence` resolved, for the record.
+    pub(super) by_driver: PerRequest<DriverResolved>,
 }
 
 /// What the engine half keeps between calls.
@@ -67,19 +72,38 @@ impl EngineState {
         }
     }
 
-    /// Queues the event for one core decision: a decode or a release forgets the request,
-    /// a failure or an expiry stops its heartbeats.
-    pub(super) fn queue(&mut self, d: Decision) {
+    /// The driver's own resolutions of `key`'s edges (none for a key it does not know).
+    pub(super) fn by_driver(&self, key: RequestKey) -> &[DriverResolved] {
+        self.inflight.get(&key).map_or(&[], |f| &f.by_driver)
+    }
+
+    /// Queues the event for one core decision with its record (`None`: not read, which
+    /// cannot happen): a decode or a release forgets the request, a failure or an expiry
+    /// stops its heartbeats.
+    pub(super) fn queue(&mut self, d: Decision, record: Option<DecisionRecord>) {
         let key = d.key();
+        debug_assert!(
+            record.is_some(),
+            "a decision's record is read at its hand-out"
+        );
+        let record = record.unwrap_or_else(|| {
+            let registered_at = self
+                .inflight
+                .get(&key)
+                .map_or(self.now, |f| f.request.registered_at);
+            DecisionRecord::unread(key, registered_at)
+        });
         let event = match d {
             Decision::Completed(t) => ConsumerEvent::Decode {
                 request: self.forget(key),
                 blocks: t.into_decode(),
+                record,
             },
             Decision::Failed(_) => {
                 let request = self.stop_heartbeat(key);
-                tracing::warn!(req = %request.id, cause = "transfer", "failed");
-                ConsumerEvent::Failed { request }
+                let cause = record.first_failure.map(kvdrain::FailureCause::as_str);
+                tracing::warn!(req = %request.id, cause = "transfer", first_failure = ?cause, "failed");
+                ConsumerEvent::Failed { request, record }
             }
             Decision::Expired(q) => {
                 let request = self.stop_heartbeat(key);
@@ -87,6 +111,7 @@ impl EngineState {
                 ConsumerEvent::Expired {
                     request,
                     outstanding: q.outstanding(),
+                    record,
                 }
             }
             Decision::Released(t) => {
@@ -98,12 +123,14 @@ impl EngineState {
                     request: self.forget(key),
                     blocks: t.into_free(),
                     forced,
+                    record,
                 }
             }
         };
         self.events.push_back(event);
     }
 
+    /// Stops heartbeating the request and returns what the driver keeps of it.
     fn stop_heartbeat(&mut self, key: RequestKey) -> TrackedRequest {
         match self.inflight.get_mut(&key) {
             Some(f) => {

@@ -30,7 +30,15 @@ from kvdrain._errors import (
     TopologyError,
     UnknownRequestError,
 )
-from kvdrain._kvdrain import MAX_EDGES, TABLE_SIZES, Decision, Ledger, PushPlan, __version__
+from kvdrain._kvdrain import (
+    MAX_EDGES,
+    TABLE_SIZES,
+    Decision,
+    Ledger,
+    PushPlan,
+    Record,
+    __version__,
+)
 from kvdrain._producer import Outcome, failure_notices, plan_outcomes
 
 __all__ = [
@@ -50,6 +58,7 @@ __all__ = [
     "Outcome",
     "PlanError",
     "PushPlan",
+    "Record",
     "TopologyError",
     "UnknownRequestError",
     "failure_notices",

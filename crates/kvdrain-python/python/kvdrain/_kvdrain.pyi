@@ -16,6 +16,9 @@ EdgeStateName = Literal[
     "unreachable",
 ]
 
+EdgeHow = Literal["landed", "failure_notice", "gone", "fenced", "failed", "outstanding"]
+FailureCauseName = Literal["failure_notice", "gone", "fenced", "aborted", "expired"]
+
 __version__: str
 TABLE_SIZES: list[int]
 MAX_EDGES: int
@@ -34,6 +37,55 @@ class Decision:
     def forced(self) -> bool: ...
     @property
     def outstanding(self) -> int | list[str] | None: ...
+    @property
+    def record(self) -> Record | None:
+        """What the ledger knew of the request when this decision was taken (a new object
+        at each read; ``None`` only if it could not be read)."""
+
+@final
+class Record:
+    """What the ledger knows of one request (``Decision.record``). Times are the ledger's
+    clock in ms, ``None`` where unset."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def registered_ms(self) -> int: ...
+    @property
+    def deadline_ms(self) -> int: ...
+    @property
+    def counting(self) -> bool: ...
+    @property
+    def expected(self) -> int: ...
+    @property
+    def owed(self) -> int: ...
+    @property
+    def edges(self) -> list[tuple[str, EdgeHow, int | None]]:
+        """Named edges in registration order: ``(agent, how, at_ms)``; empty when
+        counting. ``at_ms`` is known for ``gone`` and ``fenced`` (the call's clock) and for
+        a request's only ``failure_notice``."""
+    @property
+    def failure_notice_ms(self) -> int | None: ...
+    @property
+    def gone_ms(self) -> int | None: ...
+    @property
+    def fenced_ms(self) -> int | None: ...
+    @property
+    def ended(self) -> Literal["aborted", "expired"] | None: ...
+    @property
+    def ended_ms(self) -> int | None: ...
+    @property
+    def decided_ms(self) -> int | None: ...
+    @property
+    def settle_end_ms(self) -> int | None: ...
+    @property
+    def released_ms(self) -> int | None: ...
+    @property
+    def forced(self) -> bool: ...
+    @property
+    def first_failure(self) -> FailureCauseName | None: ...
+    @property
+    def first_failure_ms(self) -> int | None: ...
 
 @final
 class Ledger:

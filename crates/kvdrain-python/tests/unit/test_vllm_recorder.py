@@ -215,7 +215,53 @@ def test_one_log_line_per_receive_that_does_not_complete(
     assert fail["outcome"] == "failed" and fail["release"] == "settled"
     assert fail["registered_ms"] == 0 and fail["decided_ms"] == 10
     assert fail["released_ms"] == 565
-    assert by_req["cancel"]["outcome"] == "aborted"
-    assert by_req["late"]["outcome"] == "expired" and by_req["late"]["outstanding"] == ["P0"]
-    assert by_req["lost"]["rank"] == "d0-tp0"
+    # The ledger's record: each edge by producer agent and how it stood, the first
+    # failure, the settle end (P1's notice arrived at 160 and settled for 200).
+    assert fail["edges"] == [
+        {"agent": "P0", "how": "landed"},
+        {"agent": "P1", "how": "failure_notice", "at_ms": 160},
+    ]
+    assert (fail["first_failure"], fail["first_failure_ms"]) == ("failure_notice", 160)
+    assert fail["settle_end_ms"] == 360
+    cancel = by_req["cancel"]
+    assert cancel["outcome"] == "aborted" and cancel["release"] == "resolved"
+    assert cancel["first_failure"] == "aborted"
+    assert cancel["edges"] == [{"agent": "P0", "how": "landed"}, {"agent": "P1", "how": "landed"}]
+    late = by_req["late"]
+    assert late["outcome"] == "expired" and late["outstanding"] == ["P0"]
+    assert late["edges"] == [{"agent": "P0", "how": "outstanding"}]
+    # Expired at the first step at or past its deadline (1000): 1065.
+    assert (late["first_failure"], late["first_failure_ms"]) == ("expired", 1065)
+    assert late["release"] == "forced" and "settle_end_ms" not in late
+    lost = by_req["lost"]
+    assert lost["rank"] == "d0-tp0"
+    gone_at = lost["first_failure_ms"]
+    assert lost["first_failure"] == "gone" and isinstance(gone_at, int)
+    assert lost["edges"] == [
+        {"agent": "P0", "how": "landed"},
+        {"agent": "P2", "how": "gone", "at_ms": gone_at},
+    ]
+    assert lost["settle_end_ms"] == gone_at + 200
+    d.close()
+
+
+def test_the_log_line_of_a_counting_receive_gives_the_count(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    d = recorded_side(tmp_path, clock)
+    caplog.set_level(logging.INFO, logger="vllm.kvdrain")
+    receive(d, "count", 3)
+    d.feed({"P0": [b"count:1"]})
+    for _ in range(20):
+        step(d, clock, 250)  # the deadline, then the quarantine
+    (line,) = [
+        json.loads(r.getMessage().split(" ", 4)[4])
+        for r in caplog.records
+        if r.getMessage().startswith("kvdrain: receive not completed ")
+    ]
+    assert (line["outcome"], line["release"]) == ("expired", "forced")
+    assert (line["expected"], line["owed"]) == (3, 2)
+    assert "edges" not in line
+    assert line["first_failure"] == "expired"
     d.close()

@@ -47,13 +47,39 @@ from kvdrain._errors import (
     KvdrainError,
     UnknownRequestError,
 )
-from kvdrain._kvdrain import Decision, Ledger
+from kvdrain._kvdrain import Decision, Ledger, Record
 from kvdrain.vllm._recorder import FlightRecorder, RecordingLedger
 from kvdrain.vllm._settings import Settings
 
 __all__ = ["COUNT_KEYS", "DecodeReport", "DecodeSide", "Phase", "Registered", "producer_ranks"]
 
 logger = logging.getLogger("vllm.kvdrain")
+
+
+def record_fields(record: Record | None) -> dict[str, object]:
+    """What the ledger's record of a request adds to its log line: each named edge by
+    producer agent and how it stood (``landed``, ``failure_notice``, ``gone``,
+    ``fenced``, ``failed`` or ``outstanding``, with ``at_ms`` where the ledger knows it),
+    or in counting mode the notices ``expected`` and still ``owed``; the first failure's
+    cause and time; the settle end. Nothing without a record."""
+    if record is None:
+        return {}
+    fields: dict[str, object] = {}
+    if record.counting:
+        fields.update(expected=record.expected, owed=record.owed)
+    else:
+        edges: list[dict[str, object]] = []
+        for agent, how, at in record.edges:
+            edge: dict[str, object] = {"agent": agent, "how": how}
+            if at is not None:
+                edge["at_ms"] = at
+            edges.append(edge)
+        fields["edges"] = edges
+    if record.first_failure is not None:
+        fields.update(first_failure=record.first_failure, first_failure_ms=record.first_failure_ms)
+    if record.settle_end_ms is not None:
+        fields["settle_end_ms"] = record.settle_end_ms
+    return fields
 
 Phase = Literal["waiting", "failed", "aborted", "held"]
 """Where a receive this rank has not reported yet stands: ``waiting`` for its writes,
@@ -362,7 +388,7 @@ class DecodeSide:
                 self._fence(rid, "aborted")
         elif kind == "released":
             how = "forced" if d.forced else "settled" if phase == "failed" else "resolved"
-            self._released(rid, block_groups(d.blocks), report, how)
+            self._released(rid, block_groups(d.blocks), report, how, d.record)
 
     def _completed(self, rid: str, report: DecodeReport) -> None:
         phase = self._phase.get(rid)
@@ -378,6 +404,7 @@ class DecodeSide:
         outcome: dict[str, object] = {"outcome": d.kind, "decided_ms": d.at_ms}
         if d.outstanding is not None:
             outcome["outstanding"] = d.outstanding
+        outcome.update(record_fields(d.record))
         self._outcome.setdefault(rid, outcome)
 
     def _story(self, rid: str, fields: dict[str, object]) -> None:
@@ -397,9 +424,17 @@ class DecodeSide:
         )
 
     def _released(
-        self, rid: str, groups: list[list[int]], report: DecodeReport, how: str
+        self,
+        rid: str,
+        groups: list[list[int]],
+        report: DecodeReport,
+        how: str,
+        record: Record | None = None,
     ) -> None:
         story = self._outcome.pop(rid, None) or {"outcome": "failed_by_vllm"}
+        # The release's record is the last word: edges that landed after the failure or
+        # the expiry, and the settle end.
+        story.update(record_fields(record))
         story.update(released_ms=self._now, release=how, blocks=self._blocks.get(rid, 0))
         self._story(rid, story)
         self._end(rid)
