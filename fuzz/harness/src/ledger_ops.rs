@@ -25,6 +25,7 @@ use crate::spec_parse::{SpecMessage, spec_parse};
 use kvdrain::{
     AbortError, AgentId, BlockHandle, Config, Decision, Duration, Expect, IgnoreReason, Instant,
     Ledger, Noticed, Outstanding, Pending, Quarantined, RegisterErrorKind, Registration,
+    RequestKey,
 };
 
 /// Slots of the fuzzed ledger (small, so full tables are easy to reach).
@@ -260,6 +261,13 @@ struct Harness {
     deferred: Vec<MDecision>,
 }
 
+/// The model's key for a real one. The model numbers registrations 0, 1, 2, …; the core's
+/// keys carry that sequence above the request's slot (its low 16 bits, `N <= 65 536`), so
+/// that `Engine::record` finds a request by key.
+fn model_key(key: RequestKey) -> u64 {
+    key.get() >> 16
+}
+
 fn real_outstanding(o: Outstanding) -> MOutstanding {
     match o {
         Outstanding::Count(n) => MOutstanding::Count(n),
@@ -270,19 +278,21 @@ fn real_outstanding(o: Outstanding) -> MOutstanding {
 fn real_decision(d: Decision) -> MDecision {
     match d {
         Decision::Completed(done) => {
-            let key = done.key().get();
+            let key = model_key(done.key());
             MDecision::Completed {
                 key,
                 blocks: done.into_decode().0,
             }
         }
-        Decision::Failed(f) => MDecision::Failed { key: f.key().get() },
+        Decision::Failed(f) => MDecision::Failed {
+            key: model_key(f.key()),
+        },
         Decision::Expired(q) => MDecision::Expired {
-            key: q.key().get(),
+            key: model_key(q.key()),
             outstanding: real_outstanding(q.outstanding()),
         },
         Decision::Released(r) => {
-            let (key, forced) = (r.key().get(), r.forced());
+            let (key, forced) = (model_key(r.key()), r.forced());
             MDecision::Released {
                 key,
                 blocks: r.into_free().0,
@@ -393,7 +403,7 @@ impl Harness {
                 let Some(ticket) = self.tickets[at].take() else {
                     return;
                 };
-                let key = ticket.key().get();
+                let key = model_key(ticket.key());
                 let real = self.ledger.abort(ticket);
                 let model = self.model.abort_key(key);
                 self.compare_abort(real, model);
@@ -457,7 +467,7 @@ impl Harness {
         let model = self.model.register(id, blocks, &expect, deadline_ms);
         match (real, model) {
             (Ok(ticket), Ok(key)) => {
-                assert_eq!(ticket.key().get(), key, "register {id}: key");
+                assert_eq!(model_key(ticket.key()), key, "register {id}: key");
                 let deadline = deadline_ms.unwrap_or(self.deadline_ms);
                 self.seen.insert(
                     key,
@@ -540,7 +550,7 @@ impl Harness {
     ) {
         match (real, model) {
             (Ok(q), Ok((key, outstanding))) => {
-                assert_eq!(q.key().get(), key, "abort: key");
+                assert_eq!(model_key(q.key()), key, "abort: key");
                 assert_eq!(
                     real_outstanding(q.outstanding()),
                     outstanding,
