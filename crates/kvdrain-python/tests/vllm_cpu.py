@@ -9,10 +9,17 @@ before any vLLM connector module. Test set-up only: the plugin itself selects no
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-import vllm.platforms as _platforms
+# Importing vLLM imports humming (GPU GEMM kernels), which starts two background builds of
+# its CUDA launcher per process: on a CPU host each imports torch, finds no CUDA and
+# exits, minutes later when a dozen rank processes share two cores. Nothing here runs a
+# GPU kernel, so none is started.
+os.environ.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
+
+import vllm.platforms as _platforms  # noqa: E402
 from vllm.platforms.cpu import CpuPlatform
 
 _platforms._current_platform = CpuPlatform()  # test set-up: no GPU here
