@@ -66,6 +66,44 @@ class Steppable(Protocol):
     def call(self, op: str, timeout_s: float = 60.0, **kw: Any) -> Any: ...
 
 
+STACKS_SIGNAL = signal.SIGUSR1
+"""What an engine process dumps its threads' stacks on (``install_stack_dump``)."""
+
+
+def install_stack_dump() -> None:
+    """In an engine or rank process: every thread's Python stack to stderr (its log) on
+    ``STACKS_SIGNAL``, written by ``faulthandler``, so even a process stuck in C code
+    (a collective, a NIXL call holding the GIL) answers."""
+    import faulthandler
+
+    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
+
+
+PROGRESS_PAUSE_US = 100
+"""How long each NIXL agent's progress thread pauses between passes in the engine
+processes (``pace_nixl_progress``)."""
+
+
+def pace_nixl_progress() -> None:
+    """In an engine or rank process, before any agent is made: every NIXL agent's
+    progress thread pauses ``PROGRESS_PAUSE_US`` between passes. NIXL's Python API builds
+    each agent with ``pthrDelay = 0``, a progress thread that never sleeps: four agents
+    take two whole cores (measured: 10 CPU-seconds in 5 s idle, 0.3 with the pause), and
+    the topology suite's eight rank processes hold 32 of them on a host of two. A
+    deployment has cores to spare for them; here they starve the engines' own threads.
+    Notices and completions still come off the wire in the progress thread, at most one
+    pause late; nothing the plugin decides depends on a pause of 0.1 ms."""
+    import nixl._api as api
+
+    make = api.nixlBind.nixlAgent
+
+    def paced(name: str, config: Any) -> Any:
+        config.pthrDelay = PROGRESS_PAUSE_US
+        return make(name, config)
+
+    api.nixlBind.nixlAgent = paced
+
+
 class EngineError(RuntimeError):
     """An engine process answered a command with an error, or not at all."""
 
@@ -131,11 +169,27 @@ class EngineProc:
         try:
             line = self._lines.get(timeout=timeout_s)
         except queue.Empty as e:
-            raise EngineError(f"{self.engine_id}: no answer in {timeout_s} s; {self.tail()}") from e
+            self.dump_stacks()
+            raise EngineError(f"{self.engine_id}: no answer in {timeout_s} s; {self.tail(200)}") from e
         if line is None:
             raise EngineError(f"{self.engine_id}: process ended; {self.tail()}")
         reply: dict[str, Any] = json.loads(line)
         return reply
+
+    def processes(self) -> list[subprocess.Popen[str]]:
+        return [self.proc]
+
+    def dump_stacks(self) -> None:
+        """Asks every live process of this engine for its threads' Python stacks
+        (``faulthandler`` on ``SIGUSR1``, into its log), so an engine that stops
+        answering says where it stands."""
+        for p in self.processes():
+            if p.poll() is None:
+                try:
+                    p.send_signal(STACKS_SIGNAL)
+                except OSError:
+                    pass
+        time.sleep(2.0)  # faulthandler writes from its own signal handler; let it land
 
     def tail(self, n: int = 30) -> str:
         lines = self.log_path.read_text(errors="replace").splitlines()

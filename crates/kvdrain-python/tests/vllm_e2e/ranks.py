@@ -60,7 +60,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm_cpu import BLOCK_SIZE, HEAD_SIZE, LAYERS, NUM_KV_HEADS
 
-from e2e import free_port
+from e2e import free_port, install_stack_dump, pace_nixl_progress
 from engine import FENCED, FREE
 from faults import FaultyNixl
 
@@ -663,6 +663,8 @@ def main() -> None:
     extra = json.loads(sys.argv[7])
     out = sys.stdout
     sys.stdout = sys.stderr  # vLLM's logs and prints go to stderr; stdout is the channel
+    install_stack_dump()
+    pace_nixl_progress()
     workers: dict[str, RankWorker] = {}
     for spec in specs:
         w = RankWorker(

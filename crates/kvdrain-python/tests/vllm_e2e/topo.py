@@ -104,6 +104,18 @@ class Host(EngineProc):
     def alive(self) -> bool:
         return not self.dead and all(p.poll() is None for p in self.procs)
 
+    def processes(self) -> list[subprocess.Popen[str]]:
+        return self.procs
+
+    def tail(self, n: int = 30) -> str:
+        """Every rank's log tail: a stuck collective shows on the rank it waits for."""
+        out = []
+        for rank in range(len(self.procs)):
+            path = self.log_path.parent / f"{self.name}.rank{rank}.log"
+            lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+            out.append(f"rank {rank} log tail:\n" + "\n".join(lines[-n:]))
+        return "\n".join(out)
+
     def kill_rank(self, rank: int) -> None:
         """SIGKILL one rank process: every engine with a rank in it is dead from then on
         (vLLM's engine dies with a worker) and never stepped again. Returns at once: the
