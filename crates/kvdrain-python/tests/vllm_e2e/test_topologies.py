@@ -3,8 +3,8 @@
 Each engine is a :class:`topo.Engine`: ``tp × pp`` processes in one gloo group, each rank
 with its own NIXL agent and DRAM cache, rank 0 also the engine's scheduler (it serves
 every rank's handshake metadata on the side channel and aggregates the ranks' reports
-with vLLM's ``KVOutputAggregator``). One fleet per connector starts once (seven engines,
-eleven processes) and serves every topology, the plugin's first, then vLLM 0.33.0's own
+with vLLM's ``KVOutputAggregator``). One fleet per connector starts once (eight engines,
+fifteen ranks) and serves every topology, the plugin's first, then vLLM 0.33.0's own
 ``NixlPushConnector`` (the control) on the same scenarios:
 
 =============  ==========================  ============================================
@@ -13,6 +13,7 @@ topology       engines                     edges (P rank → D rank) per request
 tp2-tp1        P TP=2 → D TP=1             P0→D0, P1→D0 (the seed's)
 tp1-tp2        P TP=1 → D TP=2             P0→D0, P0→D1
 tp2-tp2        P TP=2 → D TP=2             P0→D0, P1→D1
+tp4-tp2        P TP=4 → D TP=2             P0→D0, P1→D0, P2→D1, P3→D1
 mla-tp2-tp1    MLA, P TP=2 → D TP=1        P0→D0, P1→D0 (replicated latent)
 pp2-tp1        P PP=2 → D TP=1             stage 0→D0, stage 1→D0 (a layer each)
 =============  ==========================  ============================================
@@ -69,6 +70,7 @@ N_BLOCKS = 2
 # Process groups (one per role and shape; a process hosts rank r of each of its
 # engines, for both connectors): name -> (role, tp, pp, engines on it).
 HOSTS: dict[str, tuple[str, int, int, list[tuple[str, bool]]]] = {
+    "P-tp4": ("P", 4, 1, [("P4", False)]),
     "P-tp2": ("P", 2, 1, [("P2", False), ("Pmla", True)]),
     "P-tp1": ("P", 1, 1, [("P1", False)]),
     "P-pp2": ("P", 1, 2, [("Ppp", False)]),
@@ -81,6 +83,7 @@ TOPOLOGIES: dict[str, tuple[str, str, int]] = {
     "tp2-tp1": ("P2", "D1", 10),
     "tp1-tp2": ("P1", "D2", 3),
     "tp2-tp2": ("P2", "D2", 3),
+    "tp4-tp2": ("P4", "D2", 3),
     "mla-tp2-tp1": ("Pmla", "Dmla", 3),
     "pp2-tp1": ("Ppp", "D1", 3),
 }
@@ -106,7 +109,7 @@ def edges_of(P: Engine, D: Engine) -> list[tuple[int, int]]:
 
 
 class Hosts:
-    """Every rank process, started together: eight processes, each with the workers of
+    """Every rank process, started together: twelve processes, each with the workers of
     its engines for both connectors (four NIXL agents at most)."""
 
     def __init__(self, workdir: Path) -> None:
@@ -401,7 +404,7 @@ def warm(hosts: Hosts, request: pytest.FixtureRequest) -> Fleet:
         for topology in TOPOLOGIES:
             run = Run(fleet, topology, "warm_up", 0)
             run.start()
-            run.until(run.resolved, 120)
+            run.until(run.resolved)  # the control may hang here: it is not judged
             run.finish(failing=[], kind=None)
     return fleet
 
