@@ -17,7 +17,7 @@ demo: setup-nixl
 	$(CARGO) run --release -p kvdrain-cli --features nixl -- demo $(DEMO_ARGS)
 
 ## Every test and check CI runs.
-test: setup check unit release-suites nostd msrv loom miri fuzz-smoke python-test test-vllm test-vllm-e2e c-test package
+test: setup check unit release-suites nostd msrv loom miri fuzz-smoke python-test test-vllm test-vllm-e2e test-vllm-topo c-test package
 	@echo "make test: all suites passed"
 
 setup: setup-nixl setup-tools
@@ -163,14 +163,12 @@ test-vllm-e2e: vllm
 		../../.venv-vllm/bin/python -m pytest -q tests/vllm_e2e/test_e2e.py -k "completion or reuse or post_failure"
 
 ## End to end with every rank its own process (tests/vllm_e2e/test_topologies.py): P TP=2
-## -> D TP=1, TP=1 -> TP=2, TP=2 -> TP=2, an MLA model TP=2 -> TP=1, P PP=2 -> D TP=1,
-## each rank a process in its engine's gloo group with its own NIXL agent and DRAM cache;
-## the seed's three scenarios (10 runs on TP 2->1, 3 on the others), an abort on D while
-## every edge writes and a P rank killed mid-write, through the plugin and vLLM's own
-## connector; one JSON line per run in target/vllm-e2e/topologies.jsonl, the table in
+## -> D TP=1, TP=1 -> TP=2, TP=2 -> TP=2, TP=4 -> TP=2, an MLA model TP=2 -> TP=1, P PP=2
+## -> D TP=1, each rank a process in its engine's gloo group with its own NIXL agent and
+## DRAM cache; the seed's three scenarios (10 runs on TP 2->1, 3 on the others), an abort
+## on D while every edge writes and a P rank killed mid-write, through the plugin and
+## vLLM's own connector; one JSON line per run in target/vllm-e2e/topologies.jsonl, the table in
 ## pytest's summary (docs/vllm.md, "Every rank its own process").
-## Not in `make test`: on a clean-clone run of the final tree its first TP 2 -> 1 runs
-## errored and failed (docs/limits.md), cause not yet found.
 ## TOPO_ARGS passes pytest arguments (`-k tp2-tp1`, say); empty by default, every run.
 TOPO_ARGS ?=
 test-vllm-topo: vllm
