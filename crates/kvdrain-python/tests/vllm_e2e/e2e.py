@@ -89,8 +89,8 @@ def pace_nixl_progress() -> None:
     progress thread pauses ``PROGRESS_PAUSE_US`` between passes. NIXL's Python API builds
     each agent with ``pthrDelay = 0``, a progress thread that never sleeps: four agents
     take two whole cores (measured: 10 CPU-seconds in 5 s idle, 0.3 with the pause), and
-    the topology suite's eight rank processes hold 32 of them on a host of two. A
-    deployment has cores to spare for them; here they starve the engines' own threads.
+    the topology suite's twelve rank processes hold 30 of them on a host of two, where
+    they starve the engines' own threads (``docs/limits.md``).
     Notices and completions still come off the wire in the progress thread, at most one
     pause late; nothing the plugin decides depends on a pause of 0.1 ms."""
     import nixl._api as api
