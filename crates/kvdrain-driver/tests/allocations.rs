@@ -17,10 +17,11 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
+mod common;
+
+use common::{D_ENGINE, P_ENGINE, consumer_rank, producer_agents};
 use kvdrain::{BlockHandle, Config, Duration, Instant};
-use kvdrain_driver::consumer::{
-    ConsumerConfig, ConsumerDriver, ConsumerEvent, ReceiveSpec, RemoteProducer,
-};
+use kvdrain_driver::consumer::{ConsumerDriver, ConsumerEvent, ReceiveSpec};
 use kvdrain_driver::memory::{MemoryFabric, MemoryTransport, MemoryWrite, WriteFault};
 use kvdrain_driver::producer::{Offer, ProducerConfig, ProducerDriver, ProducerEvent};
 
@@ -56,8 +57,6 @@ fn allocations() -> u64 {
     ALLOCATIONS.with(Cell::get)
 }
 
-const P_ENGINE: &str = "engine-p";
-const D_ENGINE: &str = "engine-d";
 const P_TP: u16 = 2;
 
 struct Cluster {
@@ -79,25 +78,7 @@ fn cluster() -> Cluster {
     fabric.publish_consumer(D_ENGINE, 0, "d0");
     let mut ledger = Config::with_capacity(64);
     ledger.settle = Duration::from_millis(0);
-    let mut d = ConsumerDriver::new(ConsumerConfig {
-        engine_id: D_ENGINE.into(),
-        host: "127.0.0.1".into(),
-        port: 1,
-        tp_rank: 0,
-        tp_size: 1,
-        lease: Duration::from_millis(30_000),
-        ledger,
-    });
-    d.add_producer_engine(RemoteProducer {
-        engine_id: P_ENGINE.into(),
-        host: "127.0.0.1".into(),
-        port: 2,
-        tp_size: P_TP,
-        pp_size: 1,
-        mla: false,
-        agents: (0..P_TP).map(|r| format!("p{r}")).collect(),
-    })
-    .expect("directory");
+    let d = consumer_rank(ledger, Duration::from_millis(30_000), producer_agents(P_TP));
     let p = (0..P_TP)
         .map(|r| {
             (

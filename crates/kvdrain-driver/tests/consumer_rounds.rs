@@ -4,17 +4,17 @@
 //! No producer driver runs here: the producers are bare endpoints of the in-process
 //! fabric, so nothing lands and only the consumer's own timers and sends decide.
 
+mod common;
+
+use common::{P_ENGINE, consumer_rank, producer_agents};
 use kvdrain::{BlockHandle, Config, Duration, Instant, Outstanding};
 use kvdrain_driver::Transport;
-use kvdrain_driver::consumer::{
-    ConsumerConfig, ConsumerDriver, ConsumerEvent, EdgeMode, ReceiveSpec, RemoteProducer,
-};
+use kvdrain_driver::consumer::{ConsumerDriver, ConsumerEvent, EdgeMode, ReceiveSpec};
 use kvdrain_driver::memory::{MemoryFabric, MemoryTransport, MemoryWrite};
 use kvdrain_driver::transport::{
     DrainError, GonePeer, Notification, Peer, PostError, Posted, SendError, WriteSpec, WriteStatus,
 };
 
-const P_ENGINE: &str = "engine-p";
 const LEASE: Duration = Duration::from_millis(600);
 /// `LEASE / 6`.
 const HEARTBEAT: Duration = Duration::from_millis(100);
@@ -70,30 +70,8 @@ fn consumer() -> (ConsumerDriver<64, 8>, MemoryFabric, MemoryTransport) {
     ledger.deadline = Duration::from_millis(1_000);
     ledger.quarantine = Duration::from_millis(2_000);
     ledger.settle = Duration::from_millis(0);
-    let mut d = ConsumerDriver::new(ConsumerConfig {
-        engine_id: "engine-d".into(),
-        host: "127.0.0.1".into(),
-        port: 1,
-        tp_rank: 0,
-        tp_size: 1,
-        lease: LEASE,
-        ledger,
-    });
-    d.add_producer_engine(producer_engine()).expect("directory");
+    let d = consumer_rank(ledger, LEASE, producer_agents(2));
     (d, fabric, dt)
-}
-
-/// P (TP 2, agents `p0` and `p1`), as the directory learns it from the handshake.
-fn producer_engine() -> RemoteProducer {
-    RemoteProducer {
-        engine_id: P_ENGINE.into(),
-        host: "127.0.0.1".into(),
-        port: 2,
-        tp_size: 2,
-        pp_size: 1,
-        mla: false,
-        agents: vec!["p0".into(), "p1".into()],
-    }
 }
 
 fn request(id: &str, deadline_ms: Option<u64>) -> ReceiveSpec<'_> {
@@ -262,18 +240,7 @@ fn a_failure_notice_settles_from_the_round_that_drained_it() {
     let mut ledger = Config::with_capacity(64);
     ledger.settle = Duration::from_millis(500);
     ledger.deadline = Duration::from_millis(100_000);
-    let mut settling = ConsumerDriver::<64, 8>::new(ConsumerConfig {
-        engine_id: "engine-d".into(),
-        host: "127.0.0.1".into(),
-        port: 1,
-        tp_rank: 0,
-        tp_size: 1,
-        lease: Duration::from_millis(1_000_000),
-        ledger,
-    });
-    settling
-        .add_producer_engine(producer_engine())
-        .expect("directory");
+    let mut settling = consumer_rank(ledger, Duration::from_millis(1_000_000), producer_agents(2));
     settling
         .engine()
         .register(&mut dt, request("s", None), Instant::ZERO)

@@ -7,16 +7,17 @@
 //! each edge resolves when and how the test says. Deadline 1000, quarantine 2000, settle
 //! 100.
 
+mod common;
+
+use common::{P_ENGINE, consumer_rank, producer_agents};
 use kvdrain::{BlockHandle, Config, Duration, Ended, FailureCause, Instant};
 use kvdrain_driver::Transport;
 use kvdrain_driver::consumer::{
-    ConsumerConfig, ConsumerDriver, ConsumerEvent, DecisionRecord, EdgeMode, EdgeResolution,
-    ReceiveSpec, RecordEdges, RemoteProducer,
+    ConsumerDriver, ConsumerEvent, DecisionRecord, EdgeMode, EdgeResolution, ReceiveSpec,
+    RecordEdges,
 };
 use kvdrain_driver::memory::{MemoryFabric, MemoryTransport};
 use kvdrain_driver::transport::Peer;
-
-const P_ENGINE: &str = "engine-p";
 
 fn at(ms: u64) -> Instant {
     Instant::from_millis(ms)
@@ -38,25 +39,7 @@ fn rank(lease_ms: u64) -> Rank {
     ledger.deadline = Duration::from_millis(1_000);
     ledger.quarantine = Duration::from_millis(2_000);
     ledger.settle = Duration::from_millis(100);
-    let mut d = ConsumerDriver::new(ConsumerConfig {
-        engine_id: "engine-d".into(),
-        host: "127.0.0.1".into(),
-        port: 1,
-        tp_rank: 0,
-        tp_size: 1,
-        lease: Duration::from_millis(lease_ms),
-        ledger,
-    });
-    d.add_producer_engine(RemoteProducer {
-        engine_id: P_ENGINE.into(),
-        host: "127.0.0.1".into(),
-        port: 2,
-        tp_size: 4,
-        pp_size: 1,
-        mla: false,
-        agents: (0..4).map(|r| format!("p{r}")).collect(),
-    })
-    .expect("directory");
+    let d = consumer_rank(ledger, Duration::from_millis(lease_ms), producer_agents(4));
     Rank { d, fabric, dt, p }
 }
 

@@ -1,16 +1,13 @@
 //! Both drivers end to end over the in-process transport: one test per protocol rule.
 
+mod common;
+
+use common::{D_ENGINE, P_ENGINE, consumer_rank, producer_agents};
 use kvdrain::{BlockHandle, Config, Duration, Instant, Outstanding};
-use kvdrain_driver::consumer::{
-    ConsumerConfig, ConsumerDriver, ConsumerEvent, EdgeMode, ReceiveSpec, Registered,
-    RemoteProducer,
-};
+use kvdrain_driver::consumer::{ConsumerDriver, ConsumerEvent, EdgeMode, ReceiveSpec, Registered};
 use kvdrain_driver::memory::{MemoryFabric, MemoryTransport, MemoryWrite, WriteFault};
 use kvdrain_driver::producer::{Offer, ProducerConfig, ProducerDriver, ProducerEvent};
 use kvdrain_driver::registration::PushRegistration;
-
-const P_ENGINE: &str = "engine-p";
-const D_ENGINE: &str = "engine-d";
 
 struct Cluster {
     fabric: MemoryFabric,
@@ -36,16 +33,7 @@ fn cluster_settling(p_tp: u16, lease_ms: u64, extra_agents: &[&str], settle_ms: 
     ledger.deadline = Duration::from_millis(1_000);
     ledger.quarantine = Duration::from_millis(2_000);
     ledger.settle = Duration::from_millis(settle_ms);
-    let mut d = ConsumerDriver::new(ConsumerConfig {
-        engine_id: D_ENGINE.into(),
-        host: "127.0.0.1".into(),
-        port: 1,
-        tp_rank: 0,
-        tp_size: 1,
-        lease: Duration::from_millis(lease_ms),
-        ledger,
-    });
-    let mut agents: Vec<String> = (0..p_tp).map(|r| format!("p{r}")).collect();
+    let mut agents = producer_agents(p_tp);
     for (i, extra) in extra_agents.iter().enumerate() {
         agents[i] = (*extra).to_owned();
     }
@@ -59,16 +47,7 @@ fn cluster_settling(p_tp: u16, lease_ms: u64, extra_agents: &[&str], settle_ms: 
             )
         })
         .collect();
-    d.add_producer_engine(RemoteProducer {
-        engine_id: P_ENGINE.into(),
-        host: "127.0.0.1".into(),
-        port: 2,
-        tp_size: p_tp,
-        pp_size: 1,
-        mla: false,
-        agents,
-    })
-    .expect("directory");
+    let d = consumer_rank(ledger, Duration::from_millis(lease_ms), agents);
     Cluster {
         fabric,
         d,
