@@ -46,7 +46,7 @@ from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm_cpu import BLOCK_SIZE, HEAD_SIZE, LAYERS, NUM_KV_HEADS
 
-from e2e import free_port, install_stack_dump, pace_nixl_progress
+from e2e import free_port, install_stack_dump
 from faults import FaultyNixl
 
 NUM_BLOCKS = 32
@@ -382,7 +382,6 @@ def main() -> None:
     out = sys.stdout
     sys.stdout = sys.stderr  # vLLM's logs and prints go to stderr; stdout is the channel
     install_stack_dump()
-    pace_nixl_progress()
     eng = Engine(role, which, engine_id, extra)
     out.write(json.dumps({"ready": True, "pid": os.getpid(), "port": eng.port}) + "\n")
     out.flush()
