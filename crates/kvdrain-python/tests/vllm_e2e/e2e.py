@@ -86,18 +86,17 @@ suite's rank processes (``pace_nixl_progress``)."""
 
 def pace_nixl_progress() -> None:
     """In a rank process of the topology suite, before any agent is made: every NIXL
-    agent's progress thread pauses ``PROGRESS_PAUSE_US`` between passes. NIXL's Python API builds
-    each agent with ``pthrDelay = 0``, a progress thread that never sleeps: four agents
+    agent's progress thread pauses ``PROGRESS_PAUSE_US`` between passes. NIXL's Python
+    API builds each agent with ``pthrDelay = 0``, a progress thread that never sleeps: four agents
     take two whole cores (measured: 10 CPU-seconds in 5 s idle, 0.3 with the pause), and
     the topology suite's twelve rank processes hold 30 of them on a host of two, where
     they starve the engines' own threads (``docs/limits.md``).
     Notices and completions still come off the wire in the progress thread, at most one
     pause late; nothing the plugin decides depends on a pause of 0.1 ms.
 
-    The two-engine suite (``engine.py``) keeps NIXL's default: paced, one of its runs hung
-    with D's main thread in ``send_notif`` (a heartbeat) to the producer agent that a
-    handshake thread was adding (``add_remote_agent``), both on one agent that vLLM builds
-    without thread synchronization (``docs/limits.md``)."""
+    The two-engine suite (``engine.py``) keeps NIXL's default, with which it ran green
+    over many stops; its rare hang in ``send_notif`` (``docs/limits.md``) was seen with
+    and without the pause."""
     import nixl._api as api
 
     make = api.nixlBind.nixlAgent
