@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -79,6 +80,29 @@ def install_stack_dump() -> None:
     faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
 
 
+NATIVE_STACKS_S = 180.0
+"""How long gdb may take to print one process's native stacks (about 11 s for an idle
+process with torch and NIXL loaded, on the loaded two-core host)."""
+
+
+def native_stacks(pid: int) -> str:
+    """Every thread's native stack in process ``pid`` (gdb's ``thread apply all bt``), or
+    why there is none. ``faulthandler`` shows a thread stuck in C only as the Python call
+    that entered it; the native frames below it (NIXL, UCX, a lock) say where it waits."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return "no native stacks: gdb is not installed"
+    cmd = [gdb, "-p", str(pid), "-batch", "-nx", "-iex", "set debuginfod enabled off"]
+    cmd += ["-ex", "set pagination off", "-ex", "thread apply all bt"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=NATIVE_STACKS_S)
+    except subprocess.TimeoutExpired:
+        return f"no native stacks: gdb took more than {NATIVE_STACKS_S} s"
+    except OSError as e:
+        return f"no native stacks: {e}"
+    return out.stdout + out.stderr[-2000:]
+
+
 PROGRESS_PAUSE_US = 100
 """How long each NIXL agent's progress thread pauses between passes in the topology
 suite's rank processes (``pace_nixl_progress``)."""
@@ -137,7 +161,9 @@ class EngineProc:
             VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "WARNING"),
         )
         self.log_path = workdir / f"{engine_id}.log"
-        self._log: TextIO = self.log_path.open("w")
+        # Appended to, by the engine and by the harness (its native stacks on a hang).
+        self.log_path.write_text("")
+        self._log: TextIO = self.log_path.open("a")
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "engine.py"), role, which, engine_id, json.dumps(extra or {})],
             stdin=subprocess.PIPE,
@@ -174,7 +200,11 @@ class EngineProc:
             line = self._lines.get(timeout=timeout_s)
         except queue.Empty as e:
             self.dump_stacks()
-            raise EngineError(f"{self.engine_id}: no answer in {timeout_s} s; {self.tail(200)}") from e
+            tail = self.tail(200)
+            where = self.dump_native_stacks()
+            raise EngineError(
+                f"{self.engine_id}: no answer in {timeout_s} s; native stacks in {where}; {tail}"
+            ) from e
         if line is None:
             raise EngineError(f"{self.engine_id}: process ended; {self.tail()}")
         reply: dict[str, Any] = json.loads(line)
@@ -182,6 +212,10 @@ class EngineProc:
 
     def processes(self) -> list[subprocess.Popen[str]]:
         return [self.proc]
+
+    def process_logs(self) -> list[Path]:
+        """The log of each of ``processes()``, in order (opened for appending)."""
+        return [self.log_path]
 
     def dump_stacks(self) -> None:
         """Asks every live process of this engine for its threads' Python stacks
@@ -194,6 +228,19 @@ class EngineProc:
                 except OSError:
                     pass
         time.sleep(2.0)  # faulthandler writes from its own signal handler; let it land
+
+    def dump_native_stacks(self) -> str:
+        """Appends every live process's native stacks (:func:`native_stacks`) to its log;
+        returns the logs' names."""
+        logs = []
+        for p, log in zip(self.processes(), self.process_logs(), strict=True):
+            if p.poll() is None:
+                stacks = native_stacks(p.pid)
+                with log.open("a") as f:
+                    f.write(f"\n--- native stacks of pid {p.pid} (gdb) ---\n{stacks}\n")
+                    f.write(f"--- end of the native stacks of pid {p.pid} ---\n")
+                logs.append(log.name)
+        return ", ".join(logs) or "no live process"
 
     def tail(self, n: int = 30) -> str:
         lines = self.log_path.read_text(errors="replace").splitlines()
