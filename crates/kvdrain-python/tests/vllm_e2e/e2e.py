@@ -103,6 +103,38 @@ def native_stacks(pid: int) -> str:
     return out.stdout + out.stderr[-2000:]
 
 
+CPU_SAMPLE_S = 3.0
+"""How long each thread's CPU time is sampled before the native stacks are taken."""
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, str, int]]:
+    """Each thread of process ``pid``: its name, scheduler state and CPU time so far in
+    clock ticks (``/proc/PID/task/TID/stat``); empty once the process is gone."""
+    threads: dict[int, tuple[str, str, int]] = {}
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text[text.rindex(")") + 2 :].split()
+        threads[int(stat.parent.name)] = (name, fields[0], int(fields[11]) + int(fields[12]))
+    return threads
+
+
+def thread_cpu_table(before: dict[int, tuple[str, str, int]], after: dict[int, tuple[str, str, int]], seconds: float) -> str:
+    """Which threads ran just before the native stacks were taken: a thread blocked on a
+    lock or in the kernel gains no CPU time, one that spins or crawls does."""
+    rows = [f"thread CPU over {seconds:.1f} s (ticks of 1/{os.sysconf('SC_CLK_TCK')} s), busiest first:"]
+    gained = sorted(
+        ((after[t][2] - before[t][2], t) for t in after if t in before), reverse=True
+    )
+    for ticks, t in gained:
+        name, state, _ = after[t]
+        rows.append(f"  tid {t} {name!r} state {state} +{ticks}")
+    return "\n".join(rows)
+
+
 PROGRESS_PAUSE_US = 100
 """How long each NIXL agent's progress thread pauses between passes in the topology
 suite's rank processes (``pace_nixl_progress``)."""
@@ -235,9 +267,13 @@ class EngineProc:
         logs = []
         for p, log in zip(self.processes(), self.process_logs(), strict=True):
             if p.poll() is None:
+                # Sampled before gdb attaches: ptrace stops every thread while it reads.
+                before, t = thread_cpu(p.pid), time.monotonic()
+                time.sleep(CPU_SAMPLE_S)
+                cpu = thread_cpu_table(before, thread_cpu(p.pid), time.monotonic() - t)
                 stacks = native_stacks(p.pid)
                 with log.open("a") as f:
-                    f.write(f"\n--- native stacks of pid {p.pid} (gdb) ---\n{stacks}\n")
+                    f.write(f"\n--- native stacks of pid {p.pid} (gdb) ---\n{stacks}\n{cpu}\n")
                     f.write(f"--- end of the native stacks of pid {p.pid} ---\n")
                 logs.append(log.name)
         return ", ".join(logs) or "no live process"
