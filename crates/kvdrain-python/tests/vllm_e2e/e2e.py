@@ -169,6 +169,10 @@ class EngineError(RuntimeError):
 
 
 class EngineProc:
+    _late = 0
+    """Calls whose reply did not come in time: a stalled engine that resumes still answers
+    them, and those lines must not be read as the answers to later calls."""
+
     def __init__(
         self,
         role: str,
@@ -231,6 +235,7 @@ class EngineProc:
         try:
             line = self._lines.get(timeout=timeout_s)
         except queue.Empty as e:
+            self._late += 1
             self.dump_stacks()
             tail = self.tail(200)
             where = self.dump_native_stacks()
@@ -282,8 +287,23 @@ class EngineProc:
         lines = self.log_path.read_text(errors="replace").splitlines()
         return "log tail:\n" + "\n".join(lines[-n:])
 
+    def _drop_late_replies(self, timeout_s: float) -> None:
+        """Reads and drops the replies owed to calls that timed out, so that the next
+        reply read is this call's (one line per call)."""
+        while self._late > 0:
+            try:
+                line = self._lines.get(timeout=timeout_s)
+            except queue.Empty:
+                raise EngineError(
+                    f"{self.engine_id}: still no answer to {self._late} earlier call(s)"
+                ) from None
+            if line is None:
+                raise EngineError(f"{self.engine_id}: process ended; {self.tail()}")
+            self._late -= 1
+
     def call(self, op: str, timeout_s: float = 60.0, **kw: Any) -> Any:
         assert self.proc.stdin is not None
+        self._drop_late_replies(timeout_s)
         self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
         self.proc.stdin.flush()
         reply = self._next(timeout_s)
