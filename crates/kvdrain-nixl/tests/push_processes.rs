@@ -236,9 +236,14 @@ fn child_consumer() {
     }
     if mode == "kill" {
         assert_eq!(rec.take(), vec![("failed", d_id(0)), ("release", d_id(0))]);
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "failed by the gone, not a deadline"
+        // Failed by the gone, not a deadline: told by the ledger's counts, not by the time
+        // it took (the kernel tears a killed P down in seconds on a loaded host, the
+        // deadline is 20 s).
+        let engine = d.consumer.driver().core_counters().engine;
+        assert_eq!(
+            (engine.failed, engine.expired),
+            (1, 0),
+            "failed by the gone, not a deadline: {engine:?}"
         );
         assert_eq!(
             d.consumer.driver().counters().disconnects,

@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -79,6 +80,61 @@ def install_stack_dump() -> None:
     faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
 
 
+NATIVE_STACKS_S = 180.0
+"""How long gdb may take to print one process's native stacks (about 11 s for an idle
+process with torch and NIXL loaded, on the loaded two-core host)."""
+
+
+def native_stacks(pid: int) -> str:
+    """Every thread's native stack in process ``pid`` (gdb's ``thread apply all bt``), or
+    why there is none. ``faulthandler`` shows a thread stuck in C only as the Python call
+    that entered it; the native frames below it (NIXL, UCX, a lock) say where it waits."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return "no native stacks: gdb is not installed"
+    cmd = [gdb, "-p", str(pid), "-batch", "-nx", "-iex", "set debuginfod enabled off"]
+    cmd += ["-ex", "set pagination off", "-ex", "thread apply all bt"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=NATIVE_STACKS_S)
+    except subprocess.TimeoutExpired:
+        return f"no native stacks: gdb took more than {NATIVE_STACKS_S} s"
+    except OSError as e:
+        return f"no native stacks: {e}"
+    return out.stdout + out.stderr[-2000:]
+
+
+CPU_SAMPLE_S = 3.0
+"""How long each thread's CPU time is sampled before the native stacks are taken."""
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, str, int]]:
+    """Each thread of process ``pid``: its name, scheduler state and CPU time so far in
+    clock ticks (``/proc/PID/task/TID/stat``); empty once the process is gone."""
+    threads: dict[int, tuple[str, str, int]] = {}
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text[text.rindex(")") + 2 :].split()
+        threads[int(stat.parent.name)] = (name, fields[0], int(fields[11]) + int(fields[12]))
+    return threads
+
+
+def thread_cpu_table(before: dict[int, tuple[str, str, int]], after: dict[int, tuple[str, str, int]], seconds: float) -> str:
+    """Which threads ran just before the native stacks were taken: a thread blocked on a
+    lock or in the kernel gains no CPU time, one that spins or crawls does."""
+    rows = [f"thread CPU over {seconds:.1f} s (ticks of 1/{os.sysconf('SC_CLK_TCK')} s), busiest first:"]
+    gained = sorted(
+        ((after[t][2] - before[t][2], t) for t in after if t in before), reverse=True
+    )
+    for ticks, t in gained:
+        name, state, _ = after[t]
+        rows.append(f"  tid {t} {name!r} state {state} +{ticks}")
+    return "\n".join(rows)
+
+
 PROGRESS_PAUSE_US = 100
 """How long each NIXL agent's progress thread pauses between passes in the topology
 suite's rank processes (``pace_nixl_progress``)."""
@@ -113,6 +169,10 @@ class EngineError(RuntimeError):
 
 
 class EngineProc:
+    _late = 0
+    """Calls whose reply did not come in time: a stalled engine that resumes still answers
+    them, and those lines must not be read as the answers to later calls."""
+
     def __init__(
         self,
         role: str,
@@ -137,7 +197,9 @@ class EngineProc:
             VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "WARNING"),
         )
         self.log_path = workdir / f"{engine_id}.log"
-        self._log: TextIO = self.log_path.open("w")
+        # Appended to, by the engine and by the harness (its native stacks on a hang).
+        self.log_path.write_text("")
+        self._log: TextIO = self.log_path.open("a")
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "engine.py"), role, which, engine_id, json.dumps(extra or {})],
             stdin=subprocess.PIPE,
@@ -173,8 +235,13 @@ class EngineProc:
         try:
             line = self._lines.get(timeout=timeout_s)
         except queue.Empty as e:
+            self._late += 1
             self.dump_stacks()
-            raise EngineError(f"{self.engine_id}: no answer in {timeout_s} s; {self.tail(200)}") from e
+            tail = self.tail(200)
+            where = self.dump_native_stacks()
+            raise EngineError(
+                f"{self.engine_id}: no answer in {timeout_s} s; native stacks in {where}; {tail}"
+            ) from e
         if line is None:
             raise EngineError(f"{self.engine_id}: process ended; {self.tail()}")
         reply: dict[str, Any] = json.loads(line)
@@ -182,6 +249,10 @@ class EngineProc:
 
     def processes(self) -> list[subprocess.Popen[str]]:
         return [self.proc]
+
+    def process_logs(self) -> list[Path]:
+        """The log of each of ``processes()``, in order (opened for appending)."""
+        return [self.log_path]
 
     def dump_stacks(self) -> None:
         """Asks every live process of this engine for its threads' Python stacks
@@ -195,12 +266,44 @@ class EngineProc:
                     pass
         time.sleep(2.0)  # faulthandler writes from its own signal handler; let it land
 
+    def dump_native_stacks(self) -> str:
+        """Appends every live process's native stacks (:func:`native_stacks`) to its log;
+        returns the logs' names."""
+        logs = []
+        for p, log in zip(self.processes(), self.process_logs(), strict=True):
+            if p.poll() is None:
+                # Sampled before gdb attaches: ptrace stops every thread while it reads.
+                before, t = thread_cpu(p.pid), time.monotonic()
+                time.sleep(CPU_SAMPLE_S)
+                cpu = thread_cpu_table(before, thread_cpu(p.pid), time.monotonic() - t)
+                stacks = native_stacks(p.pid)
+                with log.open("a") as f:
+                    f.write(f"\n--- native stacks of pid {p.pid} (gdb) ---\n{stacks}\n{cpu}\n")
+                    f.write(f"--- end of the native stacks of pid {p.pid} ---\n")
+                logs.append(log.name)
+        return ", ".join(logs) or "no live process"
+
     def tail(self, n: int = 30) -> str:
         lines = self.log_path.read_text(errors="replace").splitlines()
         return "log tail:\n" + "\n".join(lines[-n:])
 
+    def _drop_late_replies(self, timeout_s: float) -> None:
+        """Reads and drops the replies owed to calls that timed out, so that the next
+        reply read is this call's (one line per call)."""
+        while self._late > 0:
+            try:
+                line = self._lines.get(timeout=timeout_s)
+            except queue.Empty:
+                raise EngineError(
+                    f"{self.engine_id}: still no answer to {self._late} earlier call(s)"
+                ) from None
+            if line is None:
+                raise EngineError(f"{self.engine_id}: process ended; {self.tail()}")
+            self._late -= 1
+
     def call(self, op: str, timeout_s: float = 60.0, **kw: Any) -> Any:
         assert self.proc.stdin is not None
+        self._drop_late_replies(timeout_s)
         self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
         self.proc.stdin.flush()
         reply = self._next(timeout_s)

@@ -340,9 +340,11 @@ def test_deadline(engines: Engines, fleet: str) -> None:
     deadline, keeps the blocks fenced for the quarantine, then frees them. vLLM's D
     holds the request and its blocks (vLLM #46283)."""
     run = Run(engines, "deadline", *FLEETS[fleet])
+    # Before the registration: the deadline counts from it, so the bound below holds
+    # however long the registering call takes to answer.
+    t = time.monotonic()
     rid = run.push(send=False)
     if fleet == "plugin":
-        t = time.monotonic()
         assert run.until(resolved(run, rid))
         line = run.finish(resolved_s=round(time.monotonic() - t, 2))
         assert line["expired"] == 1
@@ -421,7 +423,13 @@ def test_duplicate_stray_and_garbage_notices(engines: Engines, fleet: str) -> No
         assert early == "waiting", "a stray agent's notice completed the request"
         assert run.until(lambda: run.state(rid) == "completed")
         run.P.send_raw(d_agent, f"{rid}:1".encode())
-        run.until(lambda: False, 1.0)
+
+        def repeats() -> int:
+            c = run.D.call("report")["counters"]
+            return int(c["duplicate"] + c["late"] + c["unknown"])
+
+        # Waited for, not slept on: a loaded host may take longer than any fixed pause.
+        assert run.until(lambda: repeats() >= 1)
         line = run.finish(state_after_stray=early)
         assert line["told"][rid] == ["finished_recving"] and line["told_once"]
         assert line["violations"] == [] and line["engine_errors"] == []
@@ -430,7 +438,17 @@ def test_duplicate_stray_and_garbage_notices(engines: Engines, fleet: str) -> No
         # The second completion, after the first was reported, changed nothing.
         assert c["duplicate"] + c["late"] + c["unknown"] >= 1
     else:
-        run.until(lambda: False, 2.0)  # let the held WRITE land in the freed blocks
+        # Until the held WRITE landed in the freed blocks and the garbage raised (waited
+        # for: the assertions below then judge what was seen, whatever the host's load).
+        def seen() -> bool:
+            d = run.d()
+            b = run.before["D"]
+            landed = d["violations"][len(b["violations"]) :]
+            return any("after it was freed" in v or "free block" in v for v in landed) and bool(
+                d["errors"][len(b["errors"]) :]
+            )
+
+        run.until(seen)
         line = run.finish(state_after_stray=early)
         assert early == "completed", "vLLM's D completes on a stray notice"
         assert any("when decoding would start" in v for v in line["violations"])
@@ -483,8 +501,9 @@ def test_producer_killed_mid_write(engines: Engines, fleet: str) -> None:
     D's next heartbeat to P's agent cannot be sent: the plugin D reports the agent gone,
     the ledger fails the request at once (the scheduler sees its blocks invalid), keeps
     the blocks for ``settle_ms`` (bytes P had handed to UCX may still land), then
-    releases them once; all well before the deadline. vLLM's D logs the failed
-    heartbeat and waits for a notice that cannot come."""
+    releases them once; before the deadline, when the kernel tore P down in time (a
+    run where it did not is reported, not judged on what decided). vLLM's D logs the
+    failed heartbeat and waits for a notice that cannot come."""
     run = Run(engines, "p_killed", *FLEETS[fleet])
     i = _index()
     rid = f"p_killed-{fleet}-{i}"
@@ -494,22 +513,30 @@ def test_producer_killed_mid_write(engines: Engines, fleet: str) -> None:
     run.P.call("send", rid=rid, index=i, n_blocks=N_BLOCKS)
     assert run.until(lambda: run.P.call("fault")["posted"].get(rid, 0) > 0)
     killed_at = time.monotonic()
-    run.P.kill()
+    run.P.kill()  # returns once the process is reaped
+    exited_at = time.monotonic()
     if fleet == "plugin":
         assert run.until(resolved(run, rid))
         told_at = run.d()["told_at"][rid]
+        # The lost agent shows only once the kernel has torn P down and closed its
+        # sockets (about 2 s here, up to 8.4 s seen on a loaded two-core host). Reaped a
+        # second or more before D's deadline (which counts from the registration, after
+        # t0), the request fails by the gone; reaped later, either may decide first, and
+        # the run is reported, not judged on what decided.
+        judged = exited_at < run.t0 + DEADLINE_MS / 1000 - 1
         line = run.finish(
             decision_s=round(told_at[0] - killed_at, 3),
             released_s=round(told_at[-1] - killed_at, 3),
+            exited_s=round(exited_at - killed_at, 3),
+            judged=judged,
         )
         assert line["told"][rid] == ["invalid_blocks", "failed_recving"]
-        assert line["decided_by"] == ["gone"] and line["gone_edges"] == 1
-        # UCX reports the disconnect to the next send a moment after the kill (about 2 s
-        # here); the deadline is 6 s.
-        assert line["decision_s"] < DEADLINE_MS / 1000 - 1
+        if judged:
+            assert line["decided_by"] == ["gone"] and line["gone_edges"] == 1, line
+        else:
+            assert line["decided_by"] in (["gone"], ["deadline"], ["deadline", "gone"]), line
         # Released after settling (the engines' steps add their pace to the bound).
         assert line["released_s"] - line["decision_s"] >= SETTLE_MS / 1000 - 0.05
-        assert line["released_s"] < DEADLINE_MS / 1000
         assert line["violations"] == [] and line["told_once"]
     else:
         assert not run.until(lambda: bool(run.told(rid)), HANG_S)

@@ -60,7 +60,9 @@ class Host(EngineProc):
         self._logs: list[TextIO] = []
         self.procs: list[subprocess.Popen[str]] = []
         for rank in range(tp * pp):
-            log = (workdir / f"{self.name}.rank{rank}.log").open("w")
+            # Appended to, by the rank and by the harness (its native stacks on a hang).
+            (workdir / f"{self.name}.rank{rank}.log").write_text("")
+            log = (workdir / f"{self.name}.rank{rank}.log").open("a")
             self._logs.append(log)
             args = [
                 sys.executable,
@@ -106,6 +108,9 @@ class Host(EngineProc):
 
     def processes(self) -> list[subprocess.Popen[str]]:
         return self.procs
+
+    def process_logs(self) -> list[Path]:
+        return [self.log_path.parent / f"{self.name}.rank{r}.log" for r in range(len(self.procs))]
 
     def tail(self, n: int = 30) -> str:
         """Every rank's log tail: a stuck collective shows on the rank it waits for."""

@@ -24,6 +24,7 @@ use kvdrain_nixl::consumer::{
 use kvdrain_nixl::testbed::{from_hex, to_hex};
 use nixl_sys::AgentConfig;
 
+use crate::clock::host_monotonic_us;
 use crate::lines::{Fields, announce, expect_line};
 use crate::spec::{REQUEST_ID, RunSpec, SLACK_PAGES, WRITE_PAGES};
 use crate::stamp::StampedPages;
@@ -128,6 +129,8 @@ pub fn run(
     publish: &dyn Fn(&Fields),
 ) -> Result<(), String> {
     let epoch = Instant::now();
+    // The epoch on the host's clock: D's times plus this compare with P's.
+    let epoch_mono_us = host_monotonic_us();
     let now_us = || epoch.elapsed().as_micros() as u64;
     let config = AgentConfig::default(); // progress thread on: bytes land while D sleeps
     let mut agent = UcxAgent::with_config(&format!("{}-d", spec.prefix), &config, &[])
@@ -267,6 +270,14 @@ pub fn run(
     .put("landed_pages_at_event", w.landed_at_event)
     .put("landed_pages_total", w.landed_total)
     .put("late_pages", w.late_pages)
+    .put_opt(
+        "last_landing_from_mono_us",
+        w.last_landing_us.map(|(from, _)| epoch_mono_us + from),
+    )
+    .put_opt(
+        "last_landing_to_mono_us",
+        w.last_landing_us.map(|(_, to)| epoch_mono_us + to),
+    )
     .put_opt("gap_after_event_us", gap(event_us))
     .put_opt("gap_after_notice_us", gap(notice_us))
     .put_opt("gap_after_disconnect_us", gap(disconnect_us))

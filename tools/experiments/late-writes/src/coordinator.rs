@@ -26,6 +26,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::clock::host_monotonic_us;
 use crate::lines::{Fields, announce, expect_line, reader_lines, stdin_lines};
 use crate::spec::{Fault, RunSpec, SPEC_ENV};
 use crate::{consumer_side, producer_side};
@@ -105,6 +106,9 @@ pub struct RunRecord {
     pub consumer: Fields,
     /// P's result fields (empty after a kill).
     pub producer: Fields,
+    /// When the fault came, µs on the host's monotonic clock: P's `fault_mono_us`, or when
+    /// the coordinator sent the SIGKILL (`None`: P reported no fault).
+    pub fault_mono_us: Option<u64>,
 }
 
 impl RunRecord {
@@ -125,13 +129,19 @@ impl RunRecord {
         self.consumer.num("late_pages").unwrap_or(0)
     }
 
-    /// Whether the write was still in progress when P injected the fault (`false` after a
-    /// kill that came too late is not knowable: a kill counts as mid-write unless D saw the
-    /// write complete).
+    /// Whether the fault came before the write finished landing: D's watcher saw a page land
+    /// after the fault, on the host's clock. Only the lower bound of the last landing
+    /// counts (the start of the scan before the one that saw it), so a landing within a
+    /// scan of the fault, or a write that stopped at the fault, is not mid-write. P's own
+    /// view (`write_done_before_fault`: no `Success` polled yet) is not enough: every page
+    /// may have landed before P polls the completion.
     pub fn fault_mid_write(&self) -> bool {
-        match self.producer.get("write_done_before_fault") {
-            Some(v) => v == "false",
-            None => self.consumer.get("outcome") != Some("completed"),
+        match (
+            self.fault_mono_us,
+            self.consumer.num("last_landing_from_mono_us"),
+        ) {
+            (Some(fault), Some(last_landing_from)) => last_landing_from >= fault,
+            _ => false,
         }
     }
 
@@ -150,6 +160,7 @@ impl RunRecord {
             .put("fault_delay_us", s.fault_delay_us)
             .put("offset_pages", s.offset_pages)
             .put("rotation", s.rotation)
+            .put_opt("fault_mono_us", self.fault_mono_us)
             .put("mid_write", self.fault_mid_write());
         let mut line = head.to_json_map();
         line.insert("d".into(), self.consumer.to_json_map().into());
@@ -283,9 +294,11 @@ pub fn run_once(spec: &RunSpec, launch: Launch<'_>) -> Result<RunRecord, String>
     d.send(&format!("P-READY {p_md}"))?;
     d.expect("D-GO", START_LIMIT)?;
     p.send("GO")?;
+    let mut kill_mono_us = None;
     if spec.fault == Fault::Kill {
         p.expect("P-POSTING", START_LIMIT)?;
         std::thread::sleep(Duration::from_micros(spec.fault_delay_us));
+        kill_mono_us = Some(host_monotonic_us());
         p.child.kill().map_err(|e| format!("kill P: {e}"))?;
     }
     let consumer = Fields::decode(&d.expect(
@@ -305,9 +318,11 @@ pub fn run_once(spec: &RunSpec, launch: Launch<'_>) -> Result<RunRecord, String>
     // NIXL teardown can hang once the peer died (seen on shared memory after a kill: the
     // UCX progress thread spins in the keepalive check and the agent's drop joins it).
     consumer.put("exited", d.reap(TEARDOWN_LIMIT));
+    let fault_mono_us = kill_mono_us.or_else(|| producer.num("fault_mono_us"));
     Ok(RunRecord {
         spec: spec.clone(),
         consumer,
         producer,
+        fault_mono_us,
     })
 }

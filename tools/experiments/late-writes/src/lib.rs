@@ -27,6 +27,7 @@
 //!
 //! | module | concept |
 //! | --- | --- |
+//! | [`clock`] | the host's monotonic clock, on which P's fault and D's landings compare |
 //! | [`stamp`] | page stamps and the stamped memory |
 //! | [`watch`] | the consumer's scanning thread |
 //! | [`policy`] | what P reports after a posted write ends without `Success` |
@@ -44,6 +45,7 @@
 //! its code. [`ensure_nixl`](kvdrain_nixl::ensure_nixl) must have succeeded in every
 //! process that touches NIXL (the children call it through the glue's agent).
 
+pub mod clock;
 pub mod consumer_side;
 pub mod coordinator;
 pub mod lines;

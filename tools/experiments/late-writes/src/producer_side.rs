@@ -17,6 +17,7 @@ use kvdrain_nixl::agent::UcxAgent;
 use kvdrain_nixl::testbed::{from_hex, to_hex};
 use nixl_sys::{AgentConfig, MemType, OptArgs, XferDescList, XferOp, XferRequest, XferStatus};
 
+use crate::clock::host_monotonic_us;
 use crate::lines::{Fields, announce, expect_line};
 use crate::policy::WriteEnd;
 use crate::spec::{Fault, REQUEST_ID, RunSpec, SPANS, WRITE_PAGES};
@@ -111,6 +112,8 @@ pub fn run(
         std::thread::sleep(Duration::from_micros(100));
     }
     out.put("write_done_before_fault", end.is_some());
+    // On the host's clock, for D's landings to be put before or after it.
+    out.put("fault_mono_us", host_monotonic_us());
     let fault_at = Instant::now();
     out.put("fault_after_post_us", (fault_at - posted).as_micros());
     match spec.fault {
