@@ -71,28 +71,33 @@ def thread_sync(config_class: Callable[..., Any], mode: str) -> Any:
 
 
 @contextmanager
-def agent_sync(module: ModuleType, mode: str) -> Iterator[None]:
+def agent_sync(module: ModuleType, mode: str) -> Iterator[list[Any]]:
     """While the block runs, ``module.nixl_agent_config(...)`` returns NIXL's own config
     built with the same arguments and ``sync_mode`` for ``mode`` (see the module's doc).
+    The block gets the list of the configs built that way, to check that the
+    constructor did build its agent's through the name.
 
     ``"none"``, or a module without that name (vLLM without NIXL installed), leaves
     the module as it is. Raises :class:`~kvdrain.ConfigError` as :func:`thread_sync`
     does, before anything is changed."""
+    built: list[Any] = []
     original = getattr(module, CONFIG_NAME, None)
     if mode == "none" or original is None:
         if mode not in NIXL_SYNC_MODES:
             raise _unknown(mode)
-        yield
+        yield built
         return
     sync = thread_sync(original, mode)
 
     def synchronized(*args: Any, **kwargs: Any) -> Any:
         kwargs["sync_mode"] = sync
-        return original(*args, **kwargs)
+        config = original(*args, **kwargs)
+        built.append(config)
+        return config
 
     with _patching:
         setattr(module, CONFIG_NAME, synchronized)
         try:
-            yield
+            yield built
         finally:
             setattr(module, CONFIG_NAME, original)
