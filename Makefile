@@ -155,7 +155,7 @@ test-vllm: vllm mypy-vllm
 ## loopback): a handshake thread evicting and re-adding the peer in use while a writer
 ## and an engine thread use it. vLLM's own agent configuration (NIXL_THREAD_SYNC_NONE,
 ## the control) must crash or misbehave; the plugin's (STRICT, RW) must stay clean
-## (docs/limits.md). About 20 s.
+## (docs/limits.md). About 20 s; 150 s with three busy loops outranking it on 2 cores.
 test-nixl-threads: vllm
 	cd $(PY) && ../../.venv-vllm/bin/python -m pytest -q tests/nixl_threads
 

@@ -138,6 +138,7 @@ class Subject:
         self.remote = [(a, n, d) for a, n, d in peer["blocks"]]
         self.peer = self.agent.add_remote_agent(self.peer_md)
         self.agent.make_connection(self.peer)  # as vLLM's handshake does
+        self.until = time.monotonic() + seconds  # the run proper, once both are up
 
     def count(self, call: str, took: float, error: BaseException | None = None) -> None:
         with self.lock:
