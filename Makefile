@@ -10,14 +10,14 @@ include scripts/toolchains
 export NIGHTLY
 
 .PHONY: tools-check package package-crates package-python
-.PHONY: demo test setup setup-nixl setup-tools check fmt clippy clippy-cfg doc deny unit release-suites nostd msrv loom miri fuzz-smoke replay python python-test vllm mypy-vllm test-vllm test-vllm-e2e test-vllm-topo bench-vllm bench-python c-header c-header-check c-test install
+.PHONY: demo test setup setup-nixl setup-tools check fmt clippy clippy-cfg doc deny unit release-suites nostd msrv loom miri fuzz-smoke replay python python-test vllm mypy-vllm test-vllm test-nixl-threads test-vllm-e2e test-vllm-topo bench-vllm bench-python c-header c-header-check c-test install
 
 ## The main job: P(TP=2) -> D(TP=1) over real NIXL in one process.
 demo: setup-nixl
 	$(CARGO) run --release -p kvdrain-cli --features nixl -- demo $(DEMO_ARGS)
 
 ## Every test and check CI runs.
-test: setup check unit release-suites nostd msrv loom miri fuzz-smoke python-test test-vllm test-vllm-e2e test-vllm-topo c-test package
+test: setup check unit release-suites nostd msrv loom miri fuzz-smoke python-test test-vllm test-nixl-threads test-vllm-e2e test-vllm-topo c-test package
 	@echo "make test: all suites passed"
 
 setup: setup-nixl setup-tools
@@ -138,10 +138,11 @@ vllm: python
 	bash scripts/setup-vllm.sh
 
 ## mypy --strict, in .venv-vllm, over the plugin and the vLLM suites (tests/vllm/,
-## tests/vllm_e2e/ and what they share, tests/conftest.py and tests/vllm_cpu.py); vLLM's,
-## torch's and NIXL's own sources are not followed ($(PY)/pyproject.toml).
+## tests/vllm_e2e/, tests/nixl_threads/ and what they share, tests/conftest.py and
+## tests/vllm_cpu.py); vLLM's, torch's and NIXL's own sources are not followed
+## ($(PY)/pyproject.toml).
 mypy-vllm: vllm
-	cd $(PY) && ../../.venv-vllm/bin/python -m mypy python/kvdrain tests/conftest.py tests/vllm_cpu.py tests/vllm tests/vllm_e2e
+	cd $(PY) && ../../.venv-vllm/bin/python -m mypy python/kvdrain tests/conftest.py tests/vllm_cpu.py tests/vllm tests/vllm_e2e tests/nixl_threads
 
 ## The connector plugin (kvdrain.vllm.connector) on vLLM 0.33.0's real scheduler and push
 ## worker classes, every scenario through the plugin and through vLLM's own connector
@@ -149,6 +150,14 @@ mypy-vllm: vllm
 ## gate); mypy over the vLLM suites first.
 test-vllm: vllm mypy-vllm
 	cd $(PY) && ../../.venv-vllm/bin/python -m pytest -q tests/vllm
+
+## vLLM's NIXL agent across vLLM's threads, on real NIXL (two processes, UCX over TCP on
+## loopback): a handshake thread evicting and re-adding the peer in use while a writer
+## and an engine thread use it. vLLM's own agent configuration (NIXL_THREAD_SYNC_NONE,
+## the control) must crash or misbehave; the plugin's (STRICT, RW) must stay clean
+## (docs/limits.md). About 20 s; 150 s with three busy loops outranking it on 2 cores.
+test-nixl-threads: vllm
+	cd $(PY) && ../../.venv-vllm/bin/python -m pytest -q tests/nixl_threads
 
 ## End to end over real NIXL: a P and a D engine, each in its own process with vLLM 0.33.0's
 ## connector classes (the plugin's, and vLLM's own as the negative control), vLLM's

@@ -1,7 +1,8 @@
-"""What the three suites share (``unit/`` in ``.venv``; ``vllm/`` and ``vllm_e2e/`` in
-``.venv-vllm``, with ``vllm_cpu`` beside this file): a fake monotonic clock, the vLLM
-suites' warning filters, and the randomized check's figures and the multi-rank end-to-end
-table in pytest's terminal summary (visible with ``-q`` too)."""
+"""What the suites share (``unit/`` in ``.venv``; ``vllm/``, ``vllm_e2e/`` and
+``nixl_threads/`` in ``.venv-vllm``, with ``vllm_cpu`` beside this file): a fake monotonic
+clock, the vLLM suites' warning filters, and the randomized check's figures, the
+multi-rank end-to-end table and the NIXL thread reproduction's figures in pytest's
+terminal summary (visible with ``-q`` too)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 # vLLM, torch and their dependencies warn on import and at use; the unit suite, which
 # imports none of them, keeps the configured "every warning is an error".
-VLLM_SUITES = (HERE / "vllm", HERE / "vllm_e2e")
+VLLM_SUITES = (HERE / "vllm", HERE / "vllm_e2e", HERE / "nixl_threads")
 
 
 class FakeClock:
@@ -46,4 +47,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if topo is not None and topo.SUMMARY.rows:
         terminalreporter.section("kvdrain multi-rank end to end (topology x scenario x connector)")
         for line in topo.SUMMARY.lines():
+            terminalreporter.write_line(line)
+    threads = sys.modules.get("test_nixl_threads")  # tests/nixl_threads/
+    if threads is not None and threads.SUMMARY:
+        terminalreporter.section("kvdrain: NIXL's agent across vLLM's threads")
+        for line in threads.SUMMARY:
             terminalreporter.write_line(line)

@@ -32,9 +32,19 @@ def test_explicit_settings_win() -> None:
     assert s == Settings(deadline_ms=7, quarantine_ms=40_000, settle_ms=0, capacity=16)
 
 
+def test_nixl_sync_defaults_to_a_synchronized_agent() -> None:
+    assert settings_from_extra_config(None).nixl_sync == "strict"
+    assert settings_from_extra_config({"kvdrain_nixl_sync": "RW"}).nixl_sync == "rw"
+    assert settings_from_extra_config({"kvdrain_nixl_sync": "none"}).nixl_sync == "none"
+
+
 @pytest.mark.parametrize(
     "extra",
     [
+        {"kvdrain_nixl_sync": "off"},
+        {"kvdrain_nixl_sync": ""},
+        {"kvdrain_nixl_sync": None},
+        {"kvdrain_nixl_sync": 1},
         {"kvdrain_quarantine_ms": 30_000},  # not above the 30 s lease
         {"kvdrain_settle_ms": -1},
         {"kvdrain_settle_ms": "soon"},

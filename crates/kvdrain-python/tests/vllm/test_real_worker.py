@@ -124,3 +124,79 @@ def test_real_worker_with_a_real_nixl_producer_agent(distributed: None, which: s
         assert w.kvdrain_counters()["completions"] == 1
     finally:
         conn.shutdown()
+
+
+@pytest.fixture
+def agent_configs(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The thread sync of every agent NIXL's binding builds from now on, by the agent's
+    name (``NIXL_THREAD_SYNC_STRICT``, ...): what NIXL itself was handed, read where
+    vLLM's agent config becomes NIXL's."""
+    import nixl._api as api
+
+    seen: dict[str, str] = {}
+    make = api.nixlBind.nixlAgent
+
+    def recording(name: str, config: Any) -> Any:
+        seen[name] = api.nixl_thread_sync_t(config.syncMode).name
+        return make(name, config)
+
+    monkeypatch.setattr(api.nixlBind, "nixlAgent", recording)
+    return seen
+
+
+@pytest.mark.parametrize("role", ["kv_consumer", "kv_producer"])
+@pytest.mark.parametrize(
+    ("which", "setting", "expected"),
+    [
+        (PLUGIN, None, "NIXL_THREAD_SYNC_STRICT"),  # the plugin's default
+        (PLUGIN, "strict", "NIXL_THREAD_SYNC_STRICT"),
+        (PLUGIN, "rw", "NIXL_THREAD_SYNC_RW"),
+        (PLUGIN, "none", "NIXL_THREAD_SYNC_NONE"),
+        (CONTROL, None, "NIXL_THREAD_SYNC_NONE"),  # vLLM's own agent
+    ],
+)
+def test_the_worker_agent_runs_with_the_chosen_thread_sync(
+    distributed: None,
+    agent_configs: dict[str, str],
+    role: str,
+    which: str,
+    setting: str | None,
+    expected: str,
+) -> None:
+    """vLLM's real worker constructor, in either role, builds the agent NIXL runs with
+    ``kvdrain_nixl_sync``'s mode under the plugin, and with no sync under vLLM's own
+    connector; vLLM's module has its own ``nixl_agent_config`` back afterwards."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
+
+    original = base_worker.nixl_agent_config
+    extra = {} if setting is None else {"kvdrain_nixl_sync": setting}
+    cfg = vllm_config(which, role=role, extra=extra)
+    cls = KvdrainPushConnector if which == PLUGIN else NixlPushConnector
+    with set_current_vllm_config(cfg):
+        conn = cls(cfg, KVConnectorRole.WORKER, kv_cache_config())
+    try:
+        agent = conn.connector_worker.nixl_wrapper
+        assert agent_configs == {agent.name: expected}
+        assert base_worker.nixl_agent_config is original
+    finally:
+        conn.shutdown()
+
+
+def test_a_failing_constructor_leaves_vllm_module_as_it_was(
+    distributed: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If vLLM's constructor raises while the plugin's wrapper is in place, the name is
+    vLLM's again."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
+
+    original = base_worker.nixl_agent_config
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        assert base_worker.nixl_agent_config is not original  # wrapped while it runs
+        raise RuntimeError("NIXL is not available")
+
+    monkeypatch.setattr(base_worker, "NixlWrapper", broken)
+    cfg = vllm_config(PLUGIN, extra={"kvdrain_nixl_sync": "rw"})
+    with set_current_vllm_config(cfg), pytest.raises(RuntimeError, match="not available"):
+        KvdrainPushConnector(cfg, KVConnectorRole.WORKER, kv_cache_config())
+    assert base_worker.nixl_agent_config is original

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvdrain._errors import ConfigError
+from kvdrain.vllm._nixl_sync import NIXL_SYNC_MODES
 
 __all__ = ["Settings", "settings_from_extra_config"]
 
@@ -36,6 +37,10 @@ class Settings:
     a replay trace (``kvdrain_record_dir``; ``None``, the default, records nothing);
     ``record_max_bytes`` (``kvdrain_record_max_bytes``, 64 MiB) and ``record_files``
     (``kvdrain_record_files``, 4) bound it: see :mod:`kvdrain.vllm._recorder`.
+    ``nixl_sync``: the thread synchronization NIXL runs the worker's agent with
+    (``kvdrain_nixl_sync``): ``"strict"`` (the default: every agent call serialized),
+    ``"rw"`` (transfers and notifications shared, peer changes exclusive) or ``"none"``
+    (vLLM's own agent, unsynchronized): see :mod:`kvdrain.vllm._nixl_sync`.
     """
 
     deadline_ms: int
@@ -45,6 +50,7 @@ class Settings:
     record_dir: str | None = None
     record_max_bytes: int = 64 << 20
     record_files: int = 4
+    nixl_sync: str = "strict"
 
 
 def _int(extra: Mapping[str, Any], key: str, default: int) -> int:
@@ -69,11 +75,18 @@ def _path(extra: Mapping[str, Any], key: str) -> str | None:
     return value
 
 
+def _choice(extra: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:
+    value = extra.get(key, default)
+    if not isinstance(value, str) or value.strip().lower() not in choices:
+        raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+    return value.strip().lower()
+
+
 def settings_from_extra_config(extra: Mapping[str, Any] | None) -> Settings:
     """The settings for ``kv_connector_extra_config`` ``extra`` (``None``: defaults).
 
     Raises :class:`~kvdrain.ConfigError` for a value that is not a non-negative number,
-    or a quarantine at or below the producers' lease.
+    a quarantine at or below the producers' lease, or an unknown ``kvdrain_nixl_sync``.
     """
     extra = extra or {}
     lease_s = _int(extra, "kv_lease_duration", VLLM_LEASE_S)
@@ -87,6 +100,7 @@ def settings_from_extra_config(extra: Mapping[str, Any] | None) -> Settings:
         record_dir=_path(extra, "kvdrain_record_dir"),
         record_max_bytes=_int(extra, "kvdrain_record_max_bytes", 64 << 20),
         record_files=_int(extra, "kvdrain_record_files", 4),
+        nixl_sync=_choice(extra, "kvdrain_nixl_sync", tuple(NIXL_SYNC_MODES), Settings.nixl_sync),
     )
     if settings.quarantine_ms <= lease_s * 1000:
         raise ConfigError(

@@ -11,7 +11,9 @@ side, every check of vLLM's constructors included), then adopts the side it buil
 plugin's subclass: :class:`~kvdrain.vllm._scheduler.KvdrainPushScheduler` or
 :class:`KvdrainPushWorker`. Handshakes, ``PUSH_REG``, heartbeats, the writer thread, the
 WRITEs and their polls stay vLLM's own code; the plugin sees NIXL through
-:class:`~kvdrain.vllm._nixl_tap.NixlTap` and decides through one helper per role:
+:class:`~kvdrain.vllm._nixl_tap.NixlTap` and decides through one helper per role. The
+one argument it changes is the agent's thread sync (``kvdrain_nixl_sync``), set while
+vLLM's constructor runs (:mod:`kvdrain.vllm._nixl_sync`).
 
 * decode: :class:`~kvdrain.vllm._decode.DecodeSide` (the ledger; the one mapping of its
   decisions to vLLM's reports, and the rules for refusals and vLLM's own failures);
@@ -38,6 +40,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     KVConnectorTransferResults,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker as vllm_base_worker
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPushConnector
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
@@ -51,6 +54,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
     NixlPushConnectorWorker,
 )
 
+from kvdrain._errors import ConfigError
 from kvdrain._kvdrain import PushPlan
 from kvdrain.vllm import _gate
 from kvdrain.vllm._decode import (
@@ -61,6 +65,7 @@ from kvdrain.vllm._decode import (
     producer_ranks,
 )
 from kvdrain.vllm._metrics import KvdrainPromMetrics, KvdrainStats
+from kvdrain.vllm._nixl_sync import agent_sync
 from kvdrain.vllm._nixl_tap import NixlTap, agent_name
 from kvdrain.vllm._prefill import PrefillSide
 from kvdrain.vllm._scheduler import KvdrainConnectorMetadata, KvdrainPushScheduler
@@ -335,11 +340,19 @@ class KvdrainPushConnector(NixlPushConnector):
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
-        super().__init__(vllm_config, role, kv_cache_config)
         assert vllm_config.kv_transfer_config is not None
         settings = settings_from_extra_config(
             vllm_config.kv_transfer_config.kv_connector_extra_config
         )
+        # vLLM's constructor, with NIXL's thread sync in the agent config it builds.
+        with agent_sync(vllm_base_worker, settings.nixl_sync) as synced:
+            super().__init__(vllm_config, role, kv_cache_config)
+        if self.connector_worker is not None and settings.nixl_sync != "none" and not synced:
+            raise ConfigError(
+                f"kvdrain_nixl_sync={settings.nixl_sync!r}: vLLM built its NIXL agent without "
+                "going through nixl_agent_config; set kvdrain_nixl_sync to \"none\" to run it "
+                "unsynchronized"
+            )
         # vLLM built its own sides; the plugin's subclasses add only methods, so the
         # built objects become them, every attribute vLLM set kept.
         if self.connector_scheduler is not None:
