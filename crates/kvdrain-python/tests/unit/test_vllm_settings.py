@@ -32,6 +32,12 @@ def test_explicit_settings_win() -> None:
     assert s == Settings(deadline_ms=7, quarantine_ms=40_000, settle_ms=0, capacity=16)
 
 
+def test_nixl_stall_bound_defaults_to_five_seconds_and_zero_turns_it_off() -> None:
+    assert settings_from_extra_config(None).nixl_stall_ms == 5_000
+    assert settings_from_extra_config({"kvdrain_nixl_stall_ms": 250}).nixl_stall_ms == 250
+    assert settings_from_extra_config({"kvdrain_nixl_stall_ms": 0}).nixl_stall_ms == 0
+
+
 @pytest.mark.parametrize(
     "extra",
     [
@@ -40,6 +46,7 @@ def test_explicit_settings_win() -> None:
         {"kvdrain_settle_ms": "soon"},
         {"kvdrain_capacity": 0},
         {"kvdrain_deadline_ms": True},
+        {"kvdrain_nixl_stall_ms": -5},
     ],
 )
 def test_bad_settings_raise_config_error(extra: dict[str, object]) -> None:

@@ -36,6 +36,9 @@ class Settings:
     a replay trace (``kvdrain_record_dir``; ``None``, the default, records nothing);
     ``record_max_bytes`` (``kvdrain_record_max_bytes``, 64 MiB) and ``record_files``
     (``kvdrain_record_files``, 4) bound it: see :mod:`kvdrain.vllm._recorder`.
+    ``nixl_stall_ms``: a NIXL call in flight longer than this is logged once with every
+    thread's stack and counted (``kvdrain_nixl_stall_ms``, 5 000; 0 times no call): see
+    :mod:`kvdrain.vllm._nixl_watch`.
     """
 
     deadline_ms: int
@@ -45,6 +48,7 @@ class Settings:
     record_dir: str | None = None
     record_max_bytes: int = 64 << 20
     record_files: int = 4
+    nixl_stall_ms: int = 5_000
 
 
 def _int(extra: Mapping[str, Any], key: str, default: int) -> int:
@@ -87,6 +91,7 @@ def settings_from_extra_config(extra: Mapping[str, Any] | None) -> Settings:
         record_dir=_path(extra, "kvdrain_record_dir"),
         record_max_bytes=_int(extra, "kvdrain_record_max_bytes", 64 << 20),
         record_files=_int(extra, "kvdrain_record_files", 4),
+        nixl_stall_ms=_int(extra, "kvdrain_nixl_stall_ms", 5_000),
     )
     if settings.quarantine_ms <= lease_s * 1000:
         raise ConfigError(
