@@ -33,6 +33,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -154,9 +155,9 @@ class CallWatch:
         return taken
 
     def check(self) -> None:
-        """One watchdog pass (the shared thread calls it): counts and reports each call
-        that passed the bound since the last pass, and says when a reported call has
-        returned."""
+        """One look at the calls in flight (the shared thread's, every poll): counts and
+        reports each call past the bound not reported yet, and says when a reported call
+        has returned."""
         if not self.stall_ns:
             return
         with self._check_lock:
@@ -338,8 +339,14 @@ def _tools(pid: int) -> list[tuple[str, list[str] | None]]:
     ]
 
 
+# gdb prints each frame on a line of its own that starts with "#", its number and a space.
+_GDB_FRAME = re.compile(r"^#\d+ ", re.MULTILINE)
+
+
 def _has_threads(source: str, out: str) -> bool:
-    return ("Thread " in out) if source.startswith("py-spy") else ("#0 " in out)
+    if source.startswith("py-spy"):
+        return "Thread " in out
+    return _GDB_FRAME.search(out) is not None
 
 
 def _python_stacks() -> str:
