@@ -166,6 +166,26 @@ def test_calls_through_getattr_are_timed_too(log: pytest.LogCaptureFixture) -> N
     assert tap.watch.take_stalls() == 1
 
 
+def test_a_method_replaced_on_the_agent_is_the_one_called() -> None:
+    """The tap keeps its timed wrapper after the first access; the wrapper looks the
+    agent's method up at each call, so a replaced method (as tests replace a fake's)
+    is the one that runs, timed."""
+    agent = HeldAgent()
+    tap = tap_over(agent)
+    assert tap.make_prepped_xfer("WRITE") == 7
+    seen: list[str] = []
+
+    def replaced(*args: Any) -> int:
+        seen.append(tap.watch.in_flight()[0][2][1])  # the call in flight, as the watch sees it
+        return 8
+
+    agent.make_prepped_xfer = replaced  # type: ignore[method-assign]
+    agent.get_new_notifs = lambda: {"P0": [b"x"]}  # type: ignore[method-assign]
+    assert tap.make_prepped_xfer("WRITE") == 8 and seen == ["make_prepped_xfer"]
+    assert tap.get_new_notifs() == {}  # fed to the ledger: nothing producer-bound
+    assert tap.watch.in_flight() == []
+
+
 def test_calls_stalled_together_share_one_dump_and_later_ones_wait_for_the_limit(
     log: pytest.LogCaptureFixture,
 ) -> None:

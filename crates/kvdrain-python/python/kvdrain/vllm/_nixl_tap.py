@@ -59,29 +59,34 @@ class NixlTap:
         self._prefill = prefill
         if watch is not None:
             self.watch = watch
+        # The overridden calls, timed (each looks the agent's method up at the call).
+        self._get_new_notifs = self.watch.timed(agent, "get_new_notifs")
+        self._send_notif = self.watch.timed(agent, "send_notif")
+        self._check_xfer_state = self.watch.timed(agent, "check_xfer_state")
+        self._release_xfer_handle = self.watch.timed(agent, "release_xfer_handle")
+        self._get_xfer_telemetry = self.watch.timed(agent, "get_xfer_telemetry")
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.agent, name)
-        return self.watch.timed(name, value) if callable(value) else value
+        if not callable(value) or not self.watch.enabled:
+            return value
+        # The timed method stays on the tap: the next access is a plain attribute read.
+        timed = self.__dict__[name] = self.watch.timed(self.agent, name)
+        return timed
 
     def get_new_notifs(self) -> dict[str, list[bytes]]:
-        notifs = self.watch.timed("get_new_notifs", self.agent.get_new_notifs)()
-        return self._decode.feed(notifs)
+        return self._decode.feed(self._get_new_notifs())
 
     def send_notif(self, remote_agent_name: str | bytes, *args: Any, **kwargs: Any) -> Any:
         try:
-            return self.watch.timed("send_notif", self.agent.send_notif)(
-                remote_agent_name, *args, **kwargs
-            )
+            return self._send_notif(remote_agent_name, *args, **kwargs)
         except Exception as e:
             self._decode.gone(agent_name(remote_agent_name), f"send failed: {e}")
             raise
 
     def check_xfer_state(self, handle: int) -> str:
         try:
-            state: str = self.watch.timed("check_xfer_state", self.agent.check_xfer_state)(
-                handle
-            )
+            state: str = self._check_xfer_state(handle)
         except Exception as e:
             unknown = type(e).__name__ == "nixlNotFoundError"
             self._prefill.observed(handle, "unknown" if unknown else "error")
@@ -93,15 +98,13 @@ class NixlTap:
         return state
 
     def release_xfer_handle(self, handle: int) -> Any:
-        released = self.watch.timed("release_xfer_handle", self.agent.release_xfer_handle)(
-            handle
-        )
+        released = self._release_xfer_handle(handle)
         self._prefill.handle_released(handle)
         return released
 
     def get_xfer_telemetry(self, handle: int) -> Any:
         try:
-            return self.watch.timed("get_xfer_telemetry", self.agent.get_xfer_telemetry)(handle)
+            return self._get_xfer_telemetry(handle)
         except Exception:
             logger.debug("kvdrain: no NIXL telemetry for handle %s", handle, exc_info=True)
             return None

@@ -23,8 +23,8 @@ thread shared by every watch in the process checks them:
   thread (``vllm:kvdrain_nixl_oldest_call_seconds``); calls younger than
   :data:`GAUGE_FLOOR_S` count as none, so a quiet engine stays quiet.
 
-A watch with bound 0 times nothing: :meth:`CallWatch.timed` hands the agent's callable
-back as it is.
+A watch with bound 0 times nothing: :meth:`CallWatch.timed` only looks the agent's
+method up.
 """
 
 from __future__ import annotations
@@ -102,10 +102,11 @@ class CallWatch:
     def enabled(self) -> bool:
         return self.stall_ns > 0
 
-    def timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn`` (the agent's method ``name``), timed in this thread's slot."""
+    def timed(self, agent: Any, name: str) -> Callable[..., Any]:
+        """``agent``'s method ``name`` as a function that times each call, looking the
+        method up at each call (a test may replace it); with bound 0, it only looks it up."""
         if not self.stall_ns:
-            return fn
+            return lambda *args, **kwargs: getattr(agent, name)(*args, **kwargs)
         local = self._local
         clock_ns = self._clock_ns
 
@@ -117,7 +118,7 @@ class CallWatch:
             outer = slot[0]
             slot[0] = (clock_ns(), name, args, kwargs)
             try:
-                return fn(*args, **kwargs)
+                return getattr(agent, name)(*args, **kwargs)
             finally:
                 slot[0] = outer
 
@@ -136,10 +137,10 @@ class CallWatch:
         :data:`GAUGE_FLOOR_S`."""
         if not self.stall_ns:
             return 0.0
-        with self._slots_lock:
-            slots = [slot for _, slot in self._slots.values()]
         oldest = None
-        for slot in slots:
+        # No lock: a thread adds its slot under the lock, and the interpreter copies the
+        # dict's values in one step (no Python code runs during the copy).
+        for _, slot in tuple(self._slots.values()):
             c = slot[0]
             if c is not None and (oldest is None or c[0] < oldest):
                 oldest = c[0]
