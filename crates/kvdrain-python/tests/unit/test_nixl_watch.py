@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -265,3 +267,39 @@ def test_a_tool_that_fails_falls_through_to_the_next(monkeypatch: pytest.MonkeyP
     )
     _, source = thread_stacks()
     assert source.startswith("python (py-spy --native: exit 1: no output; gdb: exit 3: denied")
+
+
+FORK_SCRIPT = """
+import os, sys, threading, time
+from kvdrain.vllm import _nixl_watch
+from kvdrain.vllm._nixl_watch import CallWatch
+_nixl_watch._last_dump[0] = time.monotonic()  # no stack dumps: this is about counting
+class Agent:
+    def __init__(self, wait): self.wait = wait
+    def block(self): self.wait()
+w = CallWatch(100)
+held = threading.Event()
+threading.Thread(target=w.timed(Agent(held.wait), "block"), daemon=True).start()
+while not w.take_stalls():
+    time.sleep(0.01)
+pid = os.fork()
+if pid == 0:  # only the forking thread lives on: the held call is not the child's
+    w.timed(Agent(lambda: time.sleep(0.5)), "block")()
+    time.sleep(0.3)
+    print("child", len(w.in_flight()), w.take_stalls(), flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print("parent", len(w.in_flight()), w.take_stalls(), flush=True)
+held.set()
+"""
+
+
+def test_a_forked_child_watches_its_own_calls_only() -> None:
+    """After a fork only the forking thread exists: the child reports its own stall,
+    not the parent's call that is still held, and counts from zero."""
+    r = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=WAIT_S,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["child 0 1", "parent 1 0"], r.stdout + r.stderr

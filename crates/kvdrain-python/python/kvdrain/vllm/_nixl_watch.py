@@ -210,6 +210,14 @@ class CallWatch:
             # One dump for the calls stalled at one moment: the others refer to it.
             stacks, source = None, "in the line before"
 
+    def _after_fork(self) -> None:
+        me = threading.get_ident()
+        self._slots = {i: entry for i, entry in self._slots.items() if i == me}
+        self._slots_lock = threading.Lock()
+        self._check_lock = threading.Lock()
+        self._reported = {}
+        self._stalls = self._stalls_taken = 0  # the parent's stalls are the parent's
+
     def _thread_name(self, ident: int) -> str:
         with self._slots_lock:
             entry = self._slots.get(ident)
@@ -256,7 +264,7 @@ class _Watchdog:
     @classmethod
     def watch(cls, w: CallWatch) -> None:
         with cls._lock:
-            if w in cls._watches:
+            if w in cls._watches and cls._thread is not None:
                 return
             cls._watches.add(w)
             if cls._thread is None or not cls._thread.is_alive():
@@ -279,6 +287,21 @@ class _Watchdog:
             bound_s = min((w.stall_ns / 1e9 for w in watches), default=1.0)
             cls._wake.wait(min(1.0, max(0.01, bound_s / 4)))
             cls._wake.clear()
+
+    @classmethod
+    def _after_fork(cls) -> None:
+        """A forked child has only the thread that forked: fresh locks (one another
+        thread held stays held), only that thread's slot, and a watchdog of its own."""
+        cls._lock = threading.Lock()
+        cls._thread = None
+        watches = list(cls._watches)
+        for w in watches:
+            w._after_fork()
+        for w in watches:
+            cls.watch(w)
+
+
+os.register_at_fork(after_in_child=_Watchdog._after_fork)
 
 
 # -- stacks -------------------------------------------------------------------------- #
