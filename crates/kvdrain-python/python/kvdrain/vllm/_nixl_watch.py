@@ -128,7 +128,12 @@ class CallWatch:
         """``(thread ident, thread name, call)`` for each call in flight, oldest first."""
         with self._slots_lock:
             slots = list(self._slots.items())
-        calls = [(ident, tname, c) for ident, (tname, slot) in slots if (c := slot[0])]
+        names = {t.ident: t.name for t in threading.enumerate()}  # as named now
+        calls = [
+            (ident, names.get(ident, tname), c)
+            for ident, (tname, slot) in slots
+            if (c := slot[0]) is not None
+        ]
         calls.sort(key=lambda t: t[2][0])
         return calls
 
