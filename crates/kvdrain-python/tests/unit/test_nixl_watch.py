@@ -252,7 +252,7 @@ def test_a_zero_bound_times_nothing() -> None:
 
 def test_without_tools_the_python_stacks_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        _nixl_watch, "_tools", lambda pid: [("py-spy --native", None), ("gdb", None)]
+        _nixl_watch, "_tools", lambda pid, tools: [("py-spy --native", None), ("gdb", None)]
     )
     stacks, source = thread_stacks()
     assert source.startswith("python (py-spy --native: not installed; gdb: not installed")
@@ -263,7 +263,10 @@ def test_without_tools_the_python_stacks_say_so(monkeypatch: pytest.MonkeyPatch)
 def test_a_tool_that_fails_falls_through_to_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         _nixl_watch, "_tools",
-        lambda pid: [("py-spy --native", ["false"]), ("gdb", ["sh", "-c", "echo denied >&2; exit 3"])],
+        lambda pid, tools: [
+            ("py-spy --native", ["false"]),
+            ("gdb", ["sh", "-c", "echo denied >&2; exit 3"]),
+        ],
     )
     _, source = thread_stacks()
     assert source.startswith("python (py-spy --native: exit 1: no output; gdb: exit 3: denied")
@@ -303,3 +306,14 @@ def test_a_forked_child_watches_its_own_calls_only() -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["child 0 1", "parent 1 0"], r.stdout + r.stderr
+
+
+def test_the_tools_are_tried_in_the_order_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kvdrain_nixl_stack_tools``: gdb first (every native thread), or none at all."""
+    assert [src for src, _ in _nixl_watch._tools(1, ("gdb", "py-spy"))] == [
+        "gdb",
+        "py-spy --native",
+    ]
+    stacks, source = thread_stacks(tools=())
+    assert source == "python (no tool asked for)"
+    assert "test_the_tools_are_tried_in_the_order_asked" in stacks

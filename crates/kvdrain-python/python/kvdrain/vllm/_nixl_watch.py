@@ -15,10 +15,13 @@ thread shared by every watch in the process checks them:
   and a JSON object: the call, its thread, its age, the peer agent when the call names
   one, the other calls stalled at that moment, and every thread's stack
   (:func:`thread_stacks`). When the call returns, one more line says after how long.
-* **Stacks**: native frames from ``py-spy dump --native``, else ``gdb``'s ``thread apply
-  all bt``, else the interpreter's own Python stacks; ``stack_source`` says which, and why
-  the tools before it gave nothing. One dump per :data:`STACKS_EVERY_S` at most: a
-  stall that comes sooner is logged without stacks, saying so.
+* **Stacks**: the first tool of ``kvdrain_nixl_stack_tools`` that gives them:
+  ``py-spy dump --native`` (fast; the threads Python knows, native frames included) or
+  ``gdb``'s ``thread apply all bt`` (every thread, NIXL's and UCX's own too, but it pauses
+  the process for seconds while it reads the symbols of torch's libraries); else the
+  interpreter's own Python stacks. ``stack_source`` says which, and why the tools before
+  it gave nothing. One dump per :data:`STACKS_EVERY_S` at most: a stall that comes
+  sooner is logged without stacks, saying so.
 * **The gauge**: :meth:`CallWatch.oldest_s`, the age of the oldest call in flight on any
   thread (``vllm:kvdrain_nixl_oldest_call_seconds``); calls younger than
   :data:`GAUGE_FLOOR_S` count as none, so a quiet engine stays quiet.
@@ -44,7 +47,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["GAUGE_FLOOR_S", "STACKS_EVERY_S", "CallWatch", "thread_stacks"]
+__all__ = ["GAUGE_FLOOR_S", "STACKS_EVERY_S", "STACK_TOOLS", "CallWatch", "thread_stacks"]
 
 logger = logging.getLogger("vllm.kvdrain")
 
@@ -52,6 +55,8 @@ STACKS_EVERY_S = 60.0
 """At most one stack dump per this many seconds (a dump pauses the process)."""
 GAUGE_FLOOR_S = 0.1
 """A call in flight for less than this shows as no call in the gauge."""
+STACK_TOOLS = ("py-spy", "gdb")
+"""The tools that can dump native stacks, in the default order of trying."""
 TOOL_TIMEOUT_S = 60.0
 """The longest a stack tool may run before its dump is abandoned."""
 
@@ -76,7 +81,9 @@ class CallWatch:
     """The NIXL calls in flight on one agent, one slot per thread (see the module's doc).
 
     ``stall_ms``: the bound (0: nothing is timed). ``name``: says which agent in the log
-    line. ``clock_ns``: monotonic nanoseconds (the hot path calls it once per call).
+    line. ``stack_tools``: the tools tried for the stacks, in order (a subset of
+    :data:`STACK_TOOLS`; none: Python stacks only). ``clock_ns``: monotonic nanoseconds
+    (the hot path calls it once per call).
     """
 
     def __init__(
@@ -84,10 +91,12 @@ class CallWatch:
         stall_ms: int,
         *,
         name: str = "",
+        stack_tools: tuple[str, ...] = STACK_TOOLS,
         clock_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.stall_ns = stall_ms * 1_000_000
         self.name = name
+        self.stack_tools = stack_tools
         self._clock_ns = clock_ns
         self._local = threading.local()
         # thread ident -> (thread name, slot); a slot is [Call | None].
@@ -194,7 +203,7 @@ class CallWatch:
         for ident, _, c in stalled:
             self._reported[ident] = c
         self._stalls += len(stalled)
-        stacks, source = _dump_stacks()
+        stacks, source = _dump_stacks(self.stack_tools)
         for ident, tname, c in stalled:
             line = {
                 "agent": self.name,
@@ -315,7 +324,7 @@ _last_dump = [float("-inf")]  # monotonic seconds of the last dump, any watch
 _dump_lock = threading.Lock()
 
 
-def _dump_stacks() -> tuple[str | None, str]:
+def _dump_stacks(tools: tuple[str, ...]) -> tuple[str | None, str]:
     """Every thread's stack and how it was taken, or ``None`` and why not (rate limit)."""
     with _dump_lock:
         now = time.monotonic()
@@ -323,19 +332,24 @@ def _dump_stacks() -> tuple[str | None, str]:
         if since < STACKS_EVERY_S:
             return None, f"skipped: stacks were dumped {since:.1f} s ago"
         _last_dump[0] = now
-    return thread_stacks()
+    return thread_stacks(tools=tools)
 
 
-def thread_stacks(pid: int | None = None) -> tuple[str, str]:
+def thread_stacks(
+    pid: int | None = None, tools: tuple[str, ...] = STACK_TOOLS
+) -> tuple[str, str]:
     """Every thread's stack in process ``pid`` (default: this one), native frames
-    included where a tool can attach: ``(text, source)``. ``source`` is
-    ``py-spy --native``, ``gdb``, or ``python`` followed by why each tool gave nothing."""
+    included where one of ``tools`` (tried in order) can attach: ``(text, source)``.
+    ``source`` is ``py-spy --native``, ``gdb``, or ``python`` followed by why each tool
+    gave nothing."""
     pid = os.getpid() if pid is None else pid
     why: list[str] = []
     allowed = _allow_tracing()
     if allowed is not None:
         why.append(allowed)
-    for source, argv in _tools(pid):
+    if not tools:
+        why.append("no tool asked for")
+    for source, argv in _tools(pid, tools):
         if argv is None:
             why.append(f"{source}: not installed")
             continue
@@ -355,17 +369,22 @@ def thread_stacks(pid: int | None = None) -> tuple[str, str]:
     return _python_stacks(), "python (" + "; ".join(why) + ")"
 
 
-def _tools(pid: int) -> list[tuple[str, list[str] | None]]:
-    here = os.path.dirname(sys.executable)  # the venv's bin, often not on PATH
-    spy = shutil.which("py-spy", path=here + os.pathsep + os.environ.get("PATH", ""))
-    gdb = shutil.which("gdb")
-    return [
-        ("py-spy --native", None if spy is None else
-         [spy, "dump", "--native", "--pid", str(pid)]),
-        ("gdb", None if gdb is None else
-         [gdb, "-p", str(pid), "-batch", "-nx", "-ex", "set pagination off",
-          "-ex", "set print frame-arguments none", "-ex", "thread apply all bt"]),
-    ]
+def _tools(pid: int, tools: tuple[str, ...]) -> list[tuple[str, list[str] | None]]:
+    """``(source, argv or None when not installed)`` for each of ``tools``, in order."""
+    out: list[tuple[str, list[str] | None]] = []
+    for tool in tools:
+        if tool == "py-spy":
+            here = os.path.dirname(sys.executable)  # the venv's bin, often not on PATH
+            spy = shutil.which("py-spy", path=here + os.pathsep + os.environ.get("PATH", ""))
+            out.append(("py-spy --native", None if spy is None else
+                        [spy, "dump", "--native", "--pid", str(pid)]))
+        elif tool == "gdb":
+            gdb = shutil.which("gdb")
+            out.append(("gdb", None if gdb is None else
+                        [gdb, "-p", str(pid), "-batch", "-nx", "-ex", "set pagination off",
+                         "-ex", "set print frame-arguments none",
+                         "-ex", "thread apply all bt"]))
+    return out
 
 
 # gdb prints each frame on a line of its own that starts with "#", its number and a space.

@@ -123,7 +123,11 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         agent = self.nixl_wrapper
         if isinstance(agent, NixlTap):
             agent = agent.agent  # attached again: a new tap over the same agent
-        watch = CallWatch(settings.nixl_stall_ms, name=f"{self.engine_id}-tp{self.tp_rank}")
+        watch = CallWatch(
+            settings.nixl_stall_ms,
+            name=f"{self.engine_id}-tp{self.tp_rank}",
+            stack_tools=settings.nixl_stack_tools,
+        )
         self.nixl_wrapper = NixlTap(agent, self.kvdrain_decode, self.kvdrain_prefill, watch)
         logger.info(
             "kvdrain: ledger on TP rank %d (deadline_ms=%d, quarantine_ms=%d, "
