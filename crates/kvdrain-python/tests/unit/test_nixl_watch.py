@@ -18,11 +18,20 @@ import pytest
 from kvdrain.vllm import DecodeSide, Settings
 from kvdrain.vllm import _nixl_watch
 from kvdrain.vllm._nixl_tap import NixlTap
-from kvdrain.vllm._nixl_watch import GAUGE_FLOOR_S, CallWatch, thread_stacks
+from kvdrain.vllm._nixl_watch import (
+    GAUGE_FLOOR_S,
+    STACK_TOOLS,
+    TOOL_TIMEOUT_S,
+    CallWatch,
+    thread_stacks,
+)
 from kvdrain.vllm._prefill import PrefillSide
 
 BOUND_MS = 200
-WAIT_S = 60.0  # the most any wait below takes on a loaded machine; a pass takes ~BOUND_MS
+# The longest a wait below may take: a stall's line comes after its stack dump, and each
+# tool may run TOOL_TIMEOUT_S (gdb pausing this process, on a loaded machine, is slow).
+# Only the test of the dump itself runs the tools; the others ask for none.
+WAIT_S = len(STACK_TOOLS) * TOOL_TIMEOUT_S + 60.0
 
 
 class HeldAgent:
@@ -64,11 +73,14 @@ class HeldAgent:
 
 
 def tap_over(
-    agent: HeldAgent, stall_ms: int = BOUND_MS, clock_ns: Callable[[], int] = time.monotonic_ns
+    agent: HeldAgent,
+    stall_ms: int = BOUND_MS,
+    clock_ns: Callable[[], int] = time.monotonic_ns,
+    stack_tools: tuple[str, ...] = (),
 ) -> NixlTap:
     settings = Settings(30_000, 60_000, 500, 16, nixl_stall_ms=stall_ms)
     decode = DecodeSide(settings, world_size=1, name="test")
-    watch = CallWatch(stall_ms, name="D-tp0", clock_ns=clock_ns)
+    watch = CallWatch(stall_ms, name="D-tp0", stack_tools=stack_tools, clock_ns=clock_ns)
     return NixlTap(agent, decode, PrefillSide(settings, decode.now_ms), watch)
 
 
@@ -114,7 +126,7 @@ def test_a_held_send_is_logged_once_with_every_stack_and_counted_once(
     log: pytest.LogCaptureFixture,
 ) -> None:
     agent = HeldAgent()
-    tap = tap_over(agent)
+    tap = tap_over(agent, stack_tools=STACK_TOOLS)
     agent.hold.set()
     t = held(tap, lambda: tap.send_notif("agent-P0", notif_msg=b"HB:x"), "engine-step")
     until(lambda: tap.watch.oldest_s() >= GAUGE_FLOOR_S)  # the gauge sees it in flight
@@ -206,7 +218,8 @@ def test_calls_stalled_together_share_one_dump_and_later_ones_wait_for_the_limit
     a, b = lines(log, "stalled")
     assert {a["call"], b["call"]} == {"get_new_notifs", "check_xfer_state"}
     assert len(a["in_flight"]) == 2
-    assert a["stacks"] and b["stacks"] is None and b["stack_source"] == "in the line before"
+    assert a["stacks"] and a["stack_source"] == "python (no tool asked for)"
+    assert b["stacks"] is None and b["stack_source"] == "in the line before"
     agent.release.set()
     for t in threads:
         t.join(WAIT_S)

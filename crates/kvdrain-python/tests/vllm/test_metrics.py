@@ -137,9 +137,10 @@ def test_a_held_nixl_call_counts_one_stall_and_shows_its_age(
     returns."""
     caplog.set_level(logging.WARNING, logger="vllm.kvdrain")
     bound_ms = 200
-    e = DecodeEngine(
-        PLUGIN, tp=2, p_tp=2, settings=Settings(30_000, 60_000, SETTLE_MS, 64, nixl_stall_ms=bound_ms)
-    )
+    # No stack tools: gdb would pause this process for many seconds (torch's symbols);
+    # the dump itself is the unit suite's to test.
+    settings = Settings(30_000, 60_000, SETTLE_MS, 64, nixl_stall_ms=bound_ms, nixl_stack_tools=())
+    e = DecodeEngine(PLUGIN, tp=2, p_tp=2, settings=settings)
     e.add(d_request("r", p_tp=2))
     assert e.step().error is None
     scrape(e)  # what the first step sent
