@@ -3,7 +3,8 @@
 #   rustfmt, clippy, the thumbv7em-none-eabihf target (no_std proof), the pinned nightly
 #   with miri and rust-src (miri, cargo-fuzz), the core's minimum Rust (`make msrv`),
 #   cargo-fuzz itself and cargo-deny (pinned); for the C ABI (make c-test): cbindgen
-#   (pinned), pkg-config, and gcc/g++ with their sanitizer runtimes. The pinned
+#   (pinned), pkg-config, and gcc/g++ with their sanitizer runtimes; gdb, which the vLLM
+#   plugin's NIXL watchdog runs for native stacks where py-spy is missing. The pinned
 #   toolchains are in scripts/toolchains.
 # Each step is skipped when already done. Works from any cwd.
 set -euo pipefail
@@ -59,11 +60,13 @@ for bin in cargo-fuzz cargo-deny cbindgen; do
     command -v "$bin" >/dev/null 2>&1 || { log "ERROR: $bin not on PATH after install"; exit 1; }
 done
 
-# The C ABI's tests: pkg-config, gcc and g++ (libasan/libubsan come with gcc).
+# The C ABI's tests: pkg-config, gcc and g++ (libasan/libubsan come with gcc); gdb.
 missing_apt=()
 command -v pkg-config >/dev/null 2>&1 || missing_apt+=(pkg-config)
 command -v cc >/dev/null 2>&1 || missing_apt+=(gcc)
 command -v g++ >/dev/null 2>&1 || missing_apt+=(g++)
+# The NIXL watchdog's second stack tool (and its unit test's native section).
+command -v gdb >/dev/null 2>&1 || missing_apt+=(gdb)
 if [ "${#missing_apt[@]}" -gt 0 ]; then
     log "apt-get install ${missing_apt[*]}"
     apt-get update -q

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The vLLM test environment, idempotently:
 #   1. .venv-vllm/ at the repository root (python3 -m venv), if missing;
-#   2. vllm, nixl, pytest and mypy from PyPI, at the versions of
+#   2. vllm, nixl, pytest, mypy and py-spy from PyPI, at the versions of
 #      crates/kvdrain-python/constraints.txt, skipped while it is unchanged since the last
 #      install (stamp file);
 #   3. the kvdrain wheel that `make python` builds (target/wheels-python/), installed
@@ -22,13 +22,14 @@ if [[ ! -x "$venv/bin/python" ]]; then
 fi
 stamp="$venv/.kvdrain-vllm-requirements"
 if ! cmp -s "$constraints" "$stamp"; then
-    log "installing vllm, nixl, pytest, mypy (several GB, minutes)"
+    log "installing vllm, nixl, pytest, mypy, py-spy (several GB, minutes)"
     start=$(date +%s)
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" \
         vllm \
         nixl \
         pytest \
-        mypy
+        mypy \
+        py-spy
     cp "$constraints" "$stamp"
     log "installed in $(( $(date +%s) - start )) s"
 fi

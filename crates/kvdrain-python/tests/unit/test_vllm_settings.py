@@ -38,6 +38,21 @@ def test_nixl_sync_defaults_to_a_synchronized_agent() -> None:
     assert settings_from_extra_config({"kvdrain_nixl_sync": "none"}).nixl_sync == "none"
 
 
+def test_nixl_stall_bound_defaults_to_five_seconds_and_zero_turns_it_off() -> None:
+    assert settings_from_extra_config(None).nixl_stall_ms == 5_000
+    assert settings_from_extra_config({"kvdrain_nixl_stall_ms": 250}).nixl_stall_ms == 250
+    assert settings_from_extra_config({"kvdrain_nixl_stall_ms": 0}).nixl_stall_ms == 0
+
+
+def test_nixl_stack_tools_are_an_ordered_subset_of_py_spy_and_gdb() -> None:
+    assert settings_from_extra_config(None).nixl_stack_tools == ("py-spy", "gdb")
+    extra = {"kvdrain_nixl_stack_tools": "gdb, py-spy"}
+    assert settings_from_extra_config(extra).nixl_stack_tools == ("gdb", "py-spy")
+    assert settings_from_extra_config({"kvdrain_nixl_stack_tools": ""}).nixl_stack_tools == ()
+    as_list: dict[str, object] = {"kvdrain_nixl_stack_tools": ["gdb"]}
+    assert settings_from_extra_config(as_list).nixl_stack_tools == ("gdb",)
+
+
 @pytest.mark.parametrize(
     "extra",
     [
@@ -50,6 +65,9 @@ def test_nixl_sync_defaults_to_a_synchronized_agent() -> None:
         {"kvdrain_settle_ms": "soon"},
         {"kvdrain_capacity": 0},
         {"kvdrain_deadline_ms": True},
+        {"kvdrain_nixl_stall_ms": -5},
+        {"kvdrain_nixl_stack_tools": "lldb"},
+        {"kvdrain_nixl_stack_tools": 3},
     ],
 )
 def test_bad_settings_raise_config_error(extra: dict[str, object]) -> None:

@@ -5,10 +5,22 @@ then read back as the text a ``/metrics`` scrape returns."""
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
+import time
 from typing import Any
 
-from harness import PLUGIN, DecodeEngine, ProducerRank, completion, d_request, push_fail
+import pytest
+from harness import (
+    PLUGIN,
+    DecodeEngine,
+    ProducerRank,
+    completion,
+    d_request,
+    fake_nixl,
+    push_fail,
+)
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from vllm.v1.request import RequestStatus
 
@@ -114,3 +126,54 @@ def test_failure_notices_a_producer_sent_are_counted() -> None:
     p.push("p-r", "d-r")
     stats = p.w.get_kv_connector_stats()
     assert stats is not None and stats.data["kvdrain_push_fail_sent"] == [1]
+
+
+def test_a_held_nixl_call_counts_one_stall_and_shows_its_age(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Rank 1's handshake thread sits in ``add_remote_agent`` (a call the tap does not
+    override) past ``kvdrain_nixl_stall_ms`` while the engine steps: the scrape shows the
+    call's age while it is held, the stall once over every scrape, and 0 after it
+    returns."""
+    caplog.set_level(logging.WARNING, logger="vllm.kvdrain")
+    bound_ms = 200
+    # No stack tools: gdb would pause this process for many seconds (torch's symbols);
+    # the dump itself is the unit suite's to test.
+    settings = Settings(30_000, 60_000, SETTLE_MS, 64, nixl_stall_ms=bound_ms, nixl_stack_tools=())
+    e = DecodeEngine(PLUGIN, tp=2, p_tp=2, settings=settings)
+    e.add(d_request("r", p_tp=2))
+    assert e.step().error is None
+    scrape(e)  # what the first step sent
+    release = threading.Event()
+
+    def add_remote_agent(metadata: bytes) -> bytes:
+        assert release.wait(60), "never released"
+        return b"P9"
+
+    fake_nixl(e.workers[1]).add_remote_agent = add_remote_agent  # type: ignore[attr-defined]
+    handshake = threading.Thread(
+        target=e.workers[1].nixl_wrapper.add_remote_agent, args=(b"md",), name="handshake"
+    )
+    handshake.start()
+    end = time.monotonic() + 60
+    while not any("nixl call stalled" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < end, "the watchdog never reported the held call"
+        time.sleep(0.01)
+    assert e.step().error is None
+    text = scrape(e)
+    assert value(text, "vllm:kvdrain_nixl_stalls_total") == 1
+    first_age = value(text, "vllm:kvdrain_nixl_oldest_call_seconds")
+    assert first_age >= bound_ms / 1000
+    time.sleep(0.3)
+    assert e.step().error is None
+    text = scrape(e)
+    assert value(text, "vllm:kvdrain_nixl_stalls_total") == 0  # counted once, not again
+    assert value(text, "vllm:kvdrain_nixl_oldest_call_seconds") > first_age
+    release.set()
+    handshake.join(60)
+    assert e.step().error is None
+    text = scrape(e)
+    assert value(text, "vllm:kvdrain_nixl_oldest_call_seconds") == 0
+    assert value(text, "vllm:kvdrain_nixl_stalls_total") == 0
+    stalled = [r for r in caplog.records if "nixl call stalled" in r.getMessage()]
+    assert len(stalled) == 1 and '"call": "add_remote_agent"' in stalled[0].getMessage()

@@ -25,15 +25,23 @@ series (``_total`` for counters)            kind       what
                                                        late, duplicate, unexpected_sender,
                                                        malformed, not_bytes
 ``vllm:kvdrain_push_fail_sent``             counter    ``PUSH_FAIL`` notices a producer sent
+``vllm:kvdrain_nixl_stalls``                counter    NIXL calls in flight past
+                                                       ``kvdrain_nixl_stall_ms``, each once
 ``vllm:kvdrain_fenced_blocks``              gauge      blocks held while a write may land
                                                        (failed, aborted, expired, refused)
 ``vllm:kvdrain_oldest_receive_age_seconds`` gauge      age of the oldest receive still
                                                        waiting for its writes: a wedged
                                                        transfer shows here while ``/health``
                                                        stays green
+``vllm:kvdrain_nixl_oldest_call_seconds``   gauge      age of the oldest NIXL call in
+                                                       flight on any of the worker's
+                                                       threads (0 below 0.1 s)
 ==========================================  =========  ====================================
 
-A gauge is the largest of the ranks' latest samples.
+A gauge is the largest of the ranks' latest samples. Samples travel with the engine step:
+while a rank's engine thread is itself stuck in a NIXL call, its step sends nothing and
+``/metrics`` keeps its last values; the watchdog's log line still reports the stall
+(:mod:`kvdrain.vllm._nixl_watch`).
 """
 
 from __future__ import annotations
@@ -66,13 +74,15 @@ COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
     )
 }
 PUSH_FAIL_SENT = "kvdrain_push_fail_sent"
+NIXL_STALLS = "kvdrain_nixl_stalls"
 GAUGES = {
     "fenced_blocks": "kvdrain_fenced_blocks",
     "oldest_receive_age_seconds": "kvdrain_oldest_receive_age_seconds",
+    "nixl_oldest_call_seconds": "kvdrain_nixl_oldest_call_seconds",
 }
 _KEYS = (
     [key for _, keys in COUNTERS.values() for key in keys.values()]
-    + [PUSH_FAIL_SENT]
+    + [PUSH_FAIL_SENT, NIXL_STALLS]
     + list(GAUGES.values())
 )
 
@@ -91,15 +101,23 @@ class KvdrainStats(NixlKVConnectorStats):
         for key, n in report.counts.items():
             self.data["kvdrain_" + key].append(n)
 
-    def record_gauges(self, rank: int, fenced_blocks: int, oldest_age_s: float) -> None:
-        """Rank ``rank``'s gauges, once a step: sampled while either is above zero, and
-        once more when both fall back to zero (a quiet engine sends no stats). A sample
+    def record_gauges(
+        self, rank: int, fenced_blocks: int, oldest_age_s: float, oldest_call_s: float = 0.0
+    ) -> None:
+        """Rank ``rank``'s gauges, once a step: sampled while any is above zero, and
+        once more when all fall back to zero (a quiet engine sends no stats). A sample
         is ``[rank, value]``."""
-        busy = bool(fenced_blocks or oldest_age_s)
+        busy = bool(fenced_blocks or oldest_age_s or oldest_call_s)
         if busy or getattr(self, "_kvdrain_busy", False):
             self.data[GAUGES["fenced_blocks"]].append([rank, fenced_blocks])
             self.data[GAUGES["oldest_receive_age_seconds"]].append([rank, oldest_age_s])
+            self.data[GAUGES["nixl_oldest_call_seconds"]].append([rank, oldest_call_s])
         self._kvdrain_busy = busy
+
+    def record_nixl_stalls(self, stalls: int) -> None:
+        """NIXL calls newly past the stall bound (each stalled call once)."""
+        if stalls:
+            self.data[NIXL_STALLS].append(stalls)
 
     def record_push_fail_sent(self) -> None:
         self.data[PUSH_FAIL_SENT].append(1)
@@ -152,6 +170,14 @@ class KvdrainPromMetrics(NixlPromMetrics):
         )
         self._kvdrain_counters[PUSH_FAIL_SENT] = {
             idx: sent.labels(*labels) for idx, labels in per_engine_labelvalues.items()
+        }
+        stalls = self._counter_cls(
+            name="vllm:kvdrain_nixl_stalls",
+            documentation="kvdrain: NIXL calls in flight past kvdrain_nixl_stall_ms.",
+            labelnames=labelnames,
+        )
+        self._kvdrain_counters[NIXL_STALLS] = {
+            idx: stalls.labels(*labels) for idx, labels in per_engine_labelvalues.items()
         }
         self._kvdrain_gauges: dict[str, dict[int, Any]] = {}
         for series, key in GAUGES.items():

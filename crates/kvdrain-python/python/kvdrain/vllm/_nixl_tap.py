@@ -13,7 +13,9 @@ to the real agent and reported on the way:
 * ``get_xfer_telemetry``: where NIXL has no telemetry it raises; that is not a failed
   transfer, so the tap answers ``None`` (vLLM records nothing for it).
 
-Every other attribute is the agent's own.
+Every other attribute is the agent's own, and every call, those above included, goes
+through the tap's :class:`~kvdrain.vllm._nixl_watch.CallWatch`: timed, and reported by its
+watchdog if it stalls.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import logging
 from typing import Any
 
 from kvdrain.vllm._decode import DecodeSide
+from kvdrain.vllm._nixl_watch import CallWatch
 from kvdrain.vllm._prefill import PrefillSide
 
 __all__ = ["NixlTap", "agent_name"]
@@ -38,29 +41,52 @@ def agent_name(agent: str | bytes) -> str:
 
 
 class NixlTap:
-    """``nixl_wrapper`` as vLLM sees it, with the decode and prefill sides listening."""
+    """``nixl_wrapper`` as vLLM sees it, with the decode and prefill sides listening and
+    every call timed by ``watch`` (default: a watch that times nothing)."""
 
-    def __init__(self, agent: Any, decode: DecodeSide, prefill: PrefillSide) -> None:
+    watch: CallWatch  # a class default too: __getattr__ must not recurse before __init__
+    watch = CallWatch(0)
+
+    def __init__(
+        self,
+        agent: Any,
+        decode: DecodeSide,
+        prefill: PrefillSide,
+        watch: CallWatch | None = None,
+    ) -> None:
         self.agent = agent
         self._decode = decode
         self._prefill = prefill
+        if watch is not None:
+            self.watch = watch
+        # The overridden calls, timed (each looks the agent's method up at the call).
+        self._get_new_notifs = self.watch.timed(agent, "get_new_notifs")
+        self._send_notif = self.watch.timed(agent, "send_notif")
+        self._check_xfer_state = self.watch.timed(agent, "check_xfer_state")
+        self._release_xfer_handle = self.watch.timed(agent, "release_xfer_handle")
+        self._get_xfer_telemetry = self.watch.timed(agent, "get_xfer_telemetry")
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.agent, name)
+        value = getattr(self.agent, name)
+        if not callable(value) or not self.watch.enabled:
+            return value
+        # The timed method stays on the tap: the next access is a plain attribute read.
+        timed = self.__dict__[name] = self.watch.timed(self.agent, name)
+        return timed
 
     def get_new_notifs(self) -> dict[str, list[bytes]]:
-        return self._decode.feed(self.agent.get_new_notifs())
+        return self._decode.feed(self._get_new_notifs())
 
     def send_notif(self, remote_agent_name: str | bytes, *args: Any, **kwargs: Any) -> Any:
         try:
-            return self.agent.send_notif(remote_agent_name, *args, **kwargs)
+            return self._send_notif(remote_agent_name, *args, **kwargs)
         except Exception as e:
             self._decode.gone(agent_name(remote_agent_name), f"send failed: {e}")
             raise
 
     def check_xfer_state(self, handle: int) -> str:
         try:
-            state: str = self.agent.check_xfer_state(handle)
+            state: str = self._check_xfer_state(handle)
         except Exception as e:
             unknown = type(e).__name__ == "nixlNotFoundError"
             self._prefill.observed(handle, "unknown" if unknown else "error")
@@ -72,13 +98,13 @@ class NixlTap:
         return state
 
     def release_xfer_handle(self, handle: int) -> Any:
-        released = self.agent.release_xfer_handle(handle)
+        released = self._release_xfer_handle(handle)
         self._prefill.handle_released(handle)
         return released
 
     def get_xfer_telemetry(self, handle: int) -> Any:
         try:
-            return self.agent.get_xfer_telemetry(handle)
+            return self._get_xfer_telemetry(handle)
         except Exception:
             logger.debug("kvdrain: no NIXL telemetry for handle %s", handle, exc_info=True)
             return None

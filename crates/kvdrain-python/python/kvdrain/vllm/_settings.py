@@ -11,6 +11,7 @@ from typing import Any
 
 from kvdrain._errors import ConfigError
 from kvdrain.vllm._nixl_sync import NIXL_SYNC_MODES
+from kvdrain.vllm._nixl_watch import STACK_TOOLS
 
 __all__ = ["Settings", "settings_from_extra_config"]
 
@@ -41,6 +42,11 @@ class Settings:
     (``kvdrain_nixl_sync``): ``"strict"`` (the default: every agent call serialized),
     ``"rw"`` (transfers and notifications shared, peer changes exclusive) or ``"none"``
     (vLLM's own agent, unsynchronized): see :mod:`kvdrain.vllm._nixl_sync`.
+    ``nixl_stall_ms``: a NIXL call in flight longer than this is logged once with every
+    thread's stack and counted (``kvdrain_nixl_stall_ms``, 5 000; 0 times no call): see
+    :mod:`kvdrain.vllm._nixl_watch`. ``nixl_stack_tools``: the tools tried, in order, for
+    that line's native stacks (``kvdrain_nixl_stack_tools``, ``"py-spy,gdb"``; ``""``:
+    Python stacks only).
     """
 
     deadline_ms: int
@@ -51,6 +57,8 @@ class Settings:
     record_max_bytes: int = 64 << 20
     record_files: int = 4
     nixl_sync: str = "strict"
+    nixl_stall_ms: int = 5_000
+    nixl_stack_tools: tuple[str, ...] = STACK_TOOLS
 
 
 def _int(extra: Mapping[str, Any], key: str, default: int) -> int:
@@ -80,6 +88,15 @@ def _choice(extra: Mapping[str, Any], key: str, choices: tuple[str, ...], defaul
     if not isinstance(value, str) or value.strip().lower() not in choices:
         raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
     return value.strip().lower()
+def _tools(extra: Mapping[str, Any], key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    value = extra.get(key)
+    if value is None:
+        return default
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)) or any(v not in STACK_TOOLS for v in value):
+        raise ConfigError(f"{key} must name tools among {', '.join(STACK_TOOLS)}, got {value!r}")
+    return tuple(value)
 
 
 def settings_from_extra_config(extra: Mapping[str, Any] | None) -> Settings:
@@ -101,6 +118,8 @@ def settings_from_extra_config(extra: Mapping[str, Any] | None) -> Settings:
         record_max_bytes=_int(extra, "kvdrain_record_max_bytes", 64 << 20),
         record_files=_int(extra, "kvdrain_record_files", 4),
         nixl_sync=_choice(extra, "kvdrain_nixl_sync", tuple(NIXL_SYNC_MODES), Settings.nixl_sync),
+        nixl_stall_ms=_int(extra, "kvdrain_nixl_stall_ms", 5_000),
+        nixl_stack_tools=_tools(extra, "kvdrain_nixl_stack_tools", STACK_TOOLS),
     )
     if settings.quarantine_ms <= lease_s * 1000:
         raise ConfigError(

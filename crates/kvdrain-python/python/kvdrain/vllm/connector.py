@@ -67,6 +67,7 @@ from kvdrain.vllm._decode import (
 from kvdrain.vllm._metrics import KvdrainPromMetrics, KvdrainStats
 from kvdrain.vllm._nixl_sync import agent_sync
 from kvdrain.vllm._nixl_tap import NixlTap, agent_name
+from kvdrain.vllm._nixl_watch import CallWatch
 from kvdrain.vllm._prefill import PrefillSide
 from kvdrain.vllm._scheduler import KvdrainConnectorMetadata, KvdrainPushScheduler
 from kvdrain.vllm._settings import Settings, settings_from_extra_config
@@ -127,7 +128,12 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         agent = self.nixl_wrapper
         if isinstance(agent, NixlTap):
             agent = agent.agent  # attached again: a new tap over the same agent
-        self.nixl_wrapper = NixlTap(agent, self.kvdrain_decode, self.kvdrain_prefill)
+        watch = CallWatch(
+            settings.nixl_stall_ms,
+            name=f"{self.engine_id}-tp{self.tp_rank}",
+            stack_tools=settings.nixl_stack_tools,
+        )
+        self.nixl_wrapper = NixlTap(agent, self.kvdrain_decode, self.kvdrain_prefill, watch)
         logger.info(
             "kvdrain: ledger on TP rank %d (deadline_ms=%d, quarantine_ms=%d, "
             "settle_ms=%d, capacity=%d)",
@@ -174,7 +180,11 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
 
     def get_transfer_results(self) -> KVConnectorTransferResults:
         self._kvdrain_tell(self.kvdrain_decode.step())
-        self.xfer_stats.record_gauges(self.tp_rank, *self.kvdrain_decode.gauges())
+        watch = self.nixl_wrapper.watch
+        self.xfer_stats.record_gauges(
+            self.tp_rank, *self.kvdrain_decode.gauges(), oldest_call_s=watch.oldest_s()
+        )
+        self.xfer_stats.record_nixl_stalls(watch.take_stalls())
         late, self._kvdrain_late = self._kvdrain_late, set()
         results = super().get_transfer_results()
         for rid in results.failed_recving - late:
