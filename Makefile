@@ -134,13 +134,12 @@ python-test: python
 
 ## The vLLM releases the plugin supports (its gate, kvdrain/vllm/_gate.py, names the same),
 ## and the one a vLLM target runs on: VLLM=X.Y.Z picks another (default: the newest). Each
-## release has its own environment: .venv-vllm/ for the pin of constraints.txt,
-## .venv-vllm-X.Y.Z/ for another, all filled by uv from one cache by hard links
+## release has its own environment, .venv-vllm-X.Y.Z/ (for the pin of constraints.txt a
+## link to .venv-vllm/), all filled by uv from one cache by hard links
 ## (scripts/setup-vllm.sh).
 VLLM_RELEASES := 0.33.0 0.34.0
-VLLM ?= $(lastword $(VLLM_RELEASES))
-VLLM_PIN := $(shell sed -n 's/^vllm==//p' $(PY)/constraints.txt)
-VLLM_VENV := $(if $(filter $(VLLM_PIN),$(VLLM)),.venv-vllm,.venv-vllm-$(VLLM))
+VLLM ?= 0.34.0
+VLLM_VENV = .venv-vllm-$(VLLM)
 
 ## The vLLM test environment of release VLLM: vllm, nixl, pytest and mypy from PyPI
 ## (about 10 GB for the first release, the vLLM wheel for each other; skipped once

@@ -26,12 +26,14 @@ cd "$root"
 constraints="$root/crates/kvdrain-python/constraints.txt"
 default_vllm="$(sed -n 's/^vllm==//p' "$constraints")"
 release="${1:-$default_vllm}"
-if [[ ! "$release" =~ ^[0-9]+\.[0-9]+\.[0-9]+([a-z0-9.+-]*)$ ]]; then
-    log "not a vLLM version: '$release' (X.Y.Z)"
-    exit 2
-fi
+case "$release" in
+    [0-9]*.[0-9]*.[0-9]*) ;;
+    *) log "not a vLLM version: '$release' (X.Y.Z)"; exit 2 ;;
+esac
 if [[ "$release" == "$default_vllm" ]]; then
     venv="${VLLM_VENV:-$root/.venv-vllm}"
+    # Every release answers to .venv-vllm-X.Y.Z (the Makefile's name for it).
+    ln -sfn .venv-vllm "$root/.venv-vllm-$release"
 else
     venv="${VLLM_VENV:-$root/.venv-vllm-$release}"
 fi
@@ -42,10 +44,11 @@ python="$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')"
 # 1. uv itself, at its pin.
 uv_pin="$(grep '^uv==' "$constraints")"
 uvenv="$root/.venv-uv"
-if [[ ! -x "$uvenv/bin/uv" ]] || ! cmp -s <(echo "$uv_pin") "$uvenv/.kvdrain-uv"; then
+installed_uv="$(cat "$uvenv/.kvdrain-uv" 2>/dev/null || true)"
+if [[ ! -x "$uvenv/bin/uv" ]] || [[ "$uv_pin" != "$installed_uv" ]]; then
     log "installing $uv_pin into $uvenv"
-    "$python" -m venv "$uvenv"
-    "$uvenv/bin/python" -m pip install --quiet --disable-pip-version-check "$uv_pin"
+    "${PYTHON:-python3}" -m venv "$uvenv"
+    "$uvenv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" uv
     echo "$uv_pin" > "$uvenv/.kvdrain-uv"
 fi
 uv="$uvenv/bin/uv"
@@ -61,7 +64,8 @@ if [[ -f "$override_file" ]]; then
 fi
 wanted="$(sed "s/^vllm==.*/vllm==$release/" "$constraints"; cat "$excludes" "${overrides[@]:1}")"
 stamp="$venv/.kvdrain-vllm-requirements"
-if [[ ! -x "$venv/bin/python" || "$wanted" != "$(cat "$stamp" 2>/dev/null)" ]]; then
+current="$(cat "$stamp" 2>/dev/null || true)"
+if [[ ! -x "$venv/bin/python" ]] || [[ "$wanted" != "$current" ]]; then
     log "creating $venv: vllm==$release, nixl, pytest, mypy (uv, cache $UV_CACHE_DIR)"
     start=$(date +%s)
     "$uv" venv --quiet --clear --seed --python "$python" "$venv"

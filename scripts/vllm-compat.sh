@@ -18,10 +18,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 bash scripts/setup-vllm.sh "$release" || { log "vLLM $release: no environment"; exit 1; }
-# The environment's name, as scripts/setup-vllm.sh gives it.
-pin="$(sed -n 's/^vllm==//p' crates/kvdrain-python/constraints.txt)"
-if [[ "$release" == "$pin" ]]; then venv=".venv-vllm"; else venv=".venv-vllm-$release"; fi
-venv="${VLLM_VENV:-$root/$venv}"
+venv="${VLLM_VENV:-$root/.venv-vllm-$release}"  # as scripts/setup-vllm.sh names it
 installed="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))')"
 
 cd crates/kvdrain-python
@@ -44,4 +41,7 @@ else
     suite_text="directed suite failed (exit $suite, ${took} s; failures above)"
 fi
 log "vLLM $installed: $verdict; $suite_text"
-[[ $gate -eq 0 && $suite -eq 0 ]]
+if [[ $gate -ne 0 ]]; then
+    exit 1
+fi
+exit "$suite"
