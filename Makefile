@@ -10,14 +10,14 @@ include scripts/toolchains
 export NIGHTLY
 
 .PHONY: tools-check package package-crates package-python
-.PHONY: demo test setup setup-nixl setup-tools check fmt clippy clippy-cfg doc deny unit release-suites nostd msrv loom miri fuzz-smoke replay python python-test vllm mypy-vllm test-vllm test-nixl-threads test-vllm-e2e test-vllm-topo bench-vllm bench-python c-header c-header-check c-test install
+.PHONY: demo test setup setup-nixl setup-tools check fmt clippy clippy-cfg doc deny unit release-suites nostd msrv loom miri fuzz-smoke replay python python-test vllm mypy-vllm test-vllm test-vllm-releases test-nixl-threads test-vllm-e2e test-vllm-topo vllm-compat bench-vllm bench-python c-header c-header-check c-test install
 
 ## The main job: P(TP=2) -> D(TP=1) over real NIXL in one process.
 demo: setup-nixl
 	$(CARGO) run --release -p kvdrain-cli --features nixl -- demo $(DEMO_ARGS)
 
 ## Every test and check CI runs.
-test: setup check unit release-suites nostd msrv loom miri fuzz-smoke python-test test-vllm test-nixl-threads test-vllm-e2e test-vllm-topo c-test package
+test: setup check unit release-suites nostd msrv loom miri fuzz-smoke python-test test-vllm-releases test-nixl-threads test-vllm-e2e test-vllm-topo c-test package
 	@echo "make test: all suites passed"
 
 setup: setup-nixl setup-tools
@@ -132,24 +132,46 @@ python-test: python
 	cd $(PY) && ../../$(VENV)/bin/python -m pytest -q tests/unit
 	cd $(PY) && ../../$(VENV)/bin/mypy
 
-## The vLLM test environment: .venv-vllm/ with vllm==0.33.0 and nixl from PyPI (about
-## 10 GB, skipped once installed) and the wheel `make python` built.
-vllm: python
-	bash scripts/setup-vllm.sh
+## The vLLM releases the plugin supports (its gate, kvdrain/vllm/_gate.py, names the same),
+## and the one a vLLM target runs on: VLLM=X.Y.Z picks another (default: the newest). Each
+## release has its own environment, .venv-vllm-X.Y.Z/ (for the pin of constraints.txt a
+## link to .venv-vllm/), all filled by uv from one cache by hard links
+## (scripts/setup-vllm.sh).
+VLLM_RELEASES := 0.33.0 0.34.0
+VLLM ?= 0.34.0
+VLLM_VENV = .venv-vllm-$(VLLM)
 
-## mypy --strict, in .venv-vllm, over the plugin and the vLLM suites (tests/vllm/,
-## tests/vllm_e2e/, tests/nixl_threads/ and what they share, tests/conftest.py and
-## tests/vllm_cpu.py); vLLM's, torch's and NIXL's own sources are not followed
+## The vLLM test environment of release VLLM: vllm, nixl, pytest and mypy from PyPI
+## (about 10 GB for the first release, the vLLM wheel for each other; skipped once
+## installed) and the wheel `make python` built.
+vllm: python
+	bash scripts/setup-vllm.sh $(VLLM)
+
+## mypy --strict, in $(VLLM_VENV), over the plugin and the vLLM suites (tests/vllm/,
+## tests/vllm_e2e/, tests/nixl_threads/ and what they share, tests/conftest.py, tests/vllm_cpu.py and
+## tests/vllm_compat.py); vLLM's, torch's and NIXL's own sources are not followed
 ## ($(PY)/pyproject.toml).
 mypy-vllm: vllm
-	cd $(PY) && ../../.venv-vllm/bin/python -m mypy python/kvdrain tests/conftest.py tests/vllm_cpu.py tests/vllm tests/vllm_e2e tests/nixl_threads
+	cd $(PY) && ../../$(VLLM_VENV)/bin/python -m mypy python/kvdrain tests/conftest.py tests/vllm_cpu.py tests/vllm_compat.py tests/vllm tests/vllm_e2e tests/nixl_threads
 
-## The connector plugin (kvdrain.vllm.connector) on vLLM 0.33.0's real scheduler and push
+## The connector plugin (kvdrain.vllm.connector) on release VLLM's real scheduler and push
 ## worker classes, every scenario through the plugin and through vLLM's own connector
 ## (directed cases, the randomized check with its oracle, the metrics' scrape, the version
 ## gate); mypy over the vLLM suites first.
 test-vllm: vllm mypy-vllm
-	cd $(PY) && ../../.venv-vllm/bin/python -m pytest -q tests/vllm
+	cd $(PY) && ../../$(VLLM_VENV)/bin/python -m pytest -q tests/vllm
+
+## test-vllm on every release of VLLM_RELEASES, one after the other.
+test-vllm-releases:
+	for release in $(VLLM_RELEASES); do $(MAKE) test-vllm VLLM=$$release || exit 1; done
+
+## A vLLM release against the plugin (VLLM=X.Y.Z, any release on PyPI): builds its
+## environment, prints the gate's comparison (every signature and attribute the plugin
+## relies on, each difference), runs the directed suite (tests/vllm/ but the randomized
+## check) with the gate reporting instead of refusing, and says what differs
+## (scripts/vllm-compat.sh). Fails unless the release is supported and all of it holds.
+vllm-compat: python
+	bash scripts/vllm-compat.sh $(VLLM)
 
 ## vLLM's NIXL agent across vLLM's threads, on real NIXL (two processes, UCX over TCP on
 ## loopback): a handshake thread evicting and re-adding the peer in use while a writer
@@ -157,21 +179,23 @@ test-vllm: vllm mypy-vllm
 ## the control) must crash or misbehave; the plugin's (STRICT, RW) must stay clean
 ## (docs/limits.md). About 20 s; 150 s with three busy loops outranking it on 2 cores.
 test-nixl-threads: vllm
-	cd $(PY) && ../../.venv-vllm/bin/python -m pytest -q tests/nixl_threads
+	cd $(PY) && ../../$(VLLM_VENV)/bin/python -m pytest -q tests/nixl_threads
 
-## End to end over real NIXL: a P and a D engine, each in its own process with vLLM 0.33.0's
-## connector classes (the plugin's, and vLLM's own as the negative control), vLLM's
+## End to end over real NIXL, on release VLLM (the newest unless named; `make
+## test-vllm-e2e VLLM=0.33.0` for the older): a P and a D engine, each in its own process
+## with vLLM's connector classes (the plugin's, and vLLM's own as the negative control), vLLM's
 ## handshake on free loopback ports, UCX over TCP; every fault, one JSON line per run in
 ## target/vllm-e2e/report.jsonl (docs/vllm.md, "End to end over real NIXL").
 ## Then completion, reuse and a post failure again over UCX's own on-host transports
 ## (shared memory and CMA), in target/vllm-e2e/report-shm.jsonl.
 test-vllm-e2e: vllm
-	cd $(PY) && ../../.venv-vllm/bin/python -m pytest -q tests/vllm_e2e/test_e2e.py
+	cd $(PY) && ../../$(VLLM_VENV)/bin/python -m pytest -q tests/vllm_e2e/test_e2e.py
 	cd $(PY) && KVDRAIN_E2E_TRANSPORT=shm \
 		KVDRAIN_E2E_REPORT=../../target/vllm-e2e/report-shm.jsonl \
-		../../.venv-vllm/bin/python -m pytest -q tests/vllm_e2e/test_e2e.py -k "completion or reuse or post_failure"
+		../../$(VLLM_VENV)/bin/python -m pytest -q tests/vllm_e2e/test_e2e.py -k "completion or reuse or post_failure"
 
-## End to end with every rank its own process (tests/vllm_e2e/test_topologies.py): P TP=2
+## End to end with every rank its own process (tests/vllm_e2e/test_topologies.py), on
+## release VLLM (the newest unless named): P TP=2
 ## -> D TP=1, TP=1 -> TP=2, TP=2 -> TP=2, TP=4 -> TP=2, an MLA model TP=2 -> TP=1, P PP=2
 ## -> D TP=1, each rank a process in its engine's gloo group with its own NIXL agent and
 ## DRAM cache; the seed's three scenarios (10 runs on TP 2->1, 3 on the others), an abort
@@ -181,11 +205,12 @@ test-vllm-e2e: vllm
 ## TOPO_ARGS passes pytest arguments (`-k tp2-tp1`, say); empty by default, every run.
 TOPO_ARGS ?=
 test-vllm-topo: vllm
-	cd $(PY) && ../../.venv-vllm/bin/python -m pytest -q tests/vllm_e2e/test_topologies.py $(TOPO_ARGS)
+	cd $(PY) && ../../$(VLLM_VENV)/bin/python -m pytest -q tests/vllm_e2e/test_topologies.py $(TOPO_ARGS)
 
-## The plugin's cost per engine step and per notification next to vLLM 0.33's own path.
+## The plugin's cost per engine step and per notification next to vLLM's own path
+## (release VLLM).
 bench-vllm: vllm
-	.venv-vllm/bin/python bench/python/bench_vllm.py $(BENCH_VLLM_ARGS)
+	$(VLLM_VENV)/bin/python bench/python/bench_vllm.py $(BENCH_VLLM_ARGS)
 
 ## Per-notification cost from Python next to vLLM's Python counting path, same bytes.
 bench-python: python

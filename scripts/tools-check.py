@@ -245,7 +245,8 @@ def makefile_shell(path: Path, vars_: dict[str, str]) -> str:
     for line in text.splitlines():
         if line.startswith("\t"):
             line = line[1:].lstrip("@-")
-            line = re.sub(r"\$\(([A-Za-z_]+)\)", lambda m: vars_.get(m.group(1), ""), line)
+            for _ in range(4):  # a variable's value may name another (`.venv-$(V)`)
+                line = re.sub(r"\$\(([A-Za-z_]+)\)", lambda m: vars_.get(m.group(1), ""), line)
             recipes.append(line.replace("$$", "$"))
     return "\n".join(recipes)
 

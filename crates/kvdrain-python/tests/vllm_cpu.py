@@ -1,4 +1,4 @@
-"""vLLM 0.33 on a CPU host, for the two vLLM suites (``tests/vllm/`` and
+"""vLLM (0.33.0, 0.34.0) on a CPU host, for the two vLLM suites (``tests/vllm/`` and
 ``tests/vllm_e2e/``): the CPU platform, a tiny local model, the ``VllmConfig`` with a
 push connector, and the ``KVCacheConfig`` of one full-attention group.
 
@@ -8,6 +8,7 @@ before any vLLM connector module. Test set-up only: the plugin itself selects no
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -18,6 +19,11 @@ from typing import Any
 # exits, minutes later when a dozen rank processes share two cores. Nothing here runs a
 # GPU kernel, so none is started.
 os.environ.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
+# vLLM 0.34's CPU platform refuses an x86 host without Triton, and its Triton check finds
+# no active driver on a host without GPUs, unless no device is visible (its "distributed
+# environment" case): then it keeps the installed Triton. No GPU is used here, so none is
+# made visible.
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import vllm.platforms as _platforms  # noqa: E402
 from vllm.platforms.cpu import CpuPlatform
@@ -38,6 +44,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     KVCacheConfig,
     KVCacheGroupSpec,
 )
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 
 BLOCK_SIZE = 32  # the CPU attention backend wants a multiple of 32
 NUM_KV_HEADS = 4
@@ -135,3 +142,11 @@ def kv_cache_config(num_blocks: int) -> KVCacheConfig:
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)],
     )
+
+
+def model_runner_output(req_ids: list[str], **fields: Any) -> ModelRunnerOutput:
+    """vLLM's ``ModelRunnerOutput`` for ``req_ids``, with ``req_id_to_index`` where the
+    release has it (0.33; 0.34 removed it)."""
+    if "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}:
+        fields["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
+    return ModelRunnerOutput(req_ids=req_ids, **fields)

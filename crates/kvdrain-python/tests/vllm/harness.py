@@ -1,4 +1,5 @@
-"""vLLM 0.33's real scheduler and push worker classes on a CPU, with a fake NIXL agent.
+"""vLLM's real scheduler and push worker classes (0.33.0, 0.34.0) on a CPU, with a fake
+NIXL agent.
 
 The scheduler is vLLM's own ``Scheduler`` with its real KV cache manager and block pool,
 built from a tiny local model config; its connector comes from vLLM's connector factory
@@ -46,10 +47,10 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
-from vllm_cpu import BLOCK_SIZE, CONTROL, LAYERS, PLUGIN
+from vllm_cpu import BLOCK_SIZE, CONTROL, LAYERS, PLUGIN, model_runner_output
 
 from kvdrain.vllm._settings import Settings
 from kvdrain.vllm._nixl_tap import NixlTap
@@ -58,6 +59,13 @@ from kvdrain.vllm.connector import KvdrainPushWorker
 __all__ = ["BLOCK_SIZE", "CONTROL", "LAYERS", "PLUGIN"]
 
 NUM_BLOCKS = 64
+
+try:  # vLLM 0.34 pairs the KV regions of P and D by layer, per peer (``_dst_pairs``)
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import (
+        _RegionPairs as REGION_PAIRS,
+    )
+except ImportError:  # 0.33: by region group (``dst_region_group_ids`` and the rest)
+    REGION_PAIRS = None
 P_ENGINE = "engine-P"
 D_ENGINE = "engine-D"
 MODEL_ROOT = Path(tempfile.gettempdir()) / "kvdrain-tests-vllm"
@@ -87,8 +95,18 @@ def kv_cache_config() -> KVCacheConfig:
     return vllm_cpu.kv_cache_config(NUM_BLOCKS)
 
 
-def make_scheduler(which: str, *, tp: int = 1, policy: str = "fail", extra: dict[str, Any] | None = None) -> Scheduler:
+def make_scheduler(
+    which: str,
+    *,
+    tp: int = 1,
+    policy: str = "fail",
+    extra: dict[str, Any] | None = None,
+    max_inflight_kv_loads: int | None = None,
+) -> Scheduler:
+    """vLLM's scheduler; ``max_inflight_kv_loads``: 0.34's ``--max-num-inflight-kv-loads``."""
     cfg = vllm_config(which, tp=tp, policy=policy, extra=extra)
+    if max_inflight_kv_loads is not None:
+        cfg.scheduler_config.max_num_inflight_kv_loads = max_inflight_kv_loads
     return Scheduler(
         vllm_config=cfg,
         kv_cache_config=kv_cache_config(),
@@ -302,9 +320,10 @@ def make_worker(
         kv_caches_base_addr=defaultdict(dict),
         dst_num_blocks={},
         dst_region_num_blocks={},
-        dst_region_group_ids={},
+        dst_region_group_ids={},  # this and the two region-group ones below: 0.33's
         dst_uses_region_group_mapping={},
         dst_region_mem_types={},
+        _dst_pairs={},  # 0.34's region pairs per peer
         tp_mappings={},
         draft_tp_mappings={},
         region_group_ids=[],
@@ -344,9 +363,10 @@ def make_worker(
 
 def writer_round(w: NixlPushConnectorWorker) -> None:
     """One round of the worker's writer thread, run inline (deterministic): the body of
-    vLLM 0.33's writer loop, steps 1 and 4 (the registrations to send, then one NIXL
-    batch, ``PUSH_REG:`` to vLLM's handler and the rest to the engine thread). The
-    plugin runs this same code of vLLM's; it sees the batch through its NIXL tap."""
+    vLLM's writer loop (0.33 and 0.34 alike), steps 1 and 4 (the registrations to send,
+    then one NIXL batch, ``PUSH_REG:`` to vLLM's handler and the rest to the engine
+    thread). The plugin runs this same code of vLLM's; it sees the batch through its
+    NIXL tap."""
     while not w._reg_send_inbox.empty():
         rid, reg = w._reg_send_inbox.get_nowait()
         w._send_registration_to_p(rid, reg)
@@ -384,10 +404,13 @@ class DecodeEngine:
         settings: Settings | None = None,
         p_agents: dict[tuple[int, int], str] | None = None,
         extra: dict[str, Any] | None = None,
+        max_inflight_kv_loads: int | None = None,
     ) -> None:
         self.which = which
         self.clock = Clock()
-        self.scheduler = make_scheduler(which, tp=tp, policy=policy, extra=extra)
+        self.scheduler = make_scheduler(
+            which, tp=tp, policy=policy, extra=extra, max_inflight_kv_loads=max_inflight_kv_loads
+        )
         cfg = self.scheduler.vllm_config
         agents = p_agents or {(0, r): f"P{r}" for r in range(p_tp)}
         self.workers = [
@@ -466,9 +489,8 @@ class DecodeEngine:
                     invalid_block_ids=invalid,
                 )
                 ids = list(out.num_scheduled_tokens)
-                mro = ModelRunnerOutput(
-                    req_ids=ids,
-                    req_id_to_index={r: i for i, r in enumerate(ids)},
+                mro = model_runner_output(
+                    ids,
                     sampled_token_ids=[[7] for _ in ids],
                     kv_connector_output=kvo,
                 )
@@ -565,6 +587,10 @@ class ProducerRank:
             w.dst_region_num_blocks[eid] = None
             w.dst_region_group_ids[eid] = []
             w.dst_uses_region_group_mapping[eid] = False
+        if REGION_PAIRS is not None:  # 0.34: one region on each side, cache group 0
+            w._dst_pairs[D_ENGINE] = REGION_PAIRS(
+                remote=[0], local=[0], group=[0], remote_regions=[0], partner=[0]
+            )
         self.w = w
         self.nixl = fake_nixl(w)
         self.which = which

@@ -58,7 +58,7 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
-from vllm_cpu import BLOCK_SIZE, HEAD_SIZE, LAYERS, NUM_KV_HEADS
+from vllm_cpu import BLOCK_SIZE, HEAD_SIZE, LAYERS, NUM_KV_HEADS, model_runner_output
 
 from e2e import free_port, install_stack_dump, pace_nixl_progress
 from engine import FENCED, FREE
@@ -558,7 +558,7 @@ class Scheduler:
                 failed_recving=set(res["failed_recving"]),
                 invalid_block_ids=set(res["invalid_block_ids"]),
             )
-            outs.append(ModelRunnerOutput(req_ids=[], req_id_to_index={}, kv_connector_output=kv))
+            outs.append(model_runner_output([], kv_connector_output=kv))
         agg = self.aggregator.aggregate(outs, output_rank=0)
         assert agg is not None and agg.kv_connector_output is not None
         out = agg.kv_connector_output

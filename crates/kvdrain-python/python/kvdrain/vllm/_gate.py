@@ -1,33 +1,56 @@
 """The vLLM versions the plugin runs on, checked when it loads.
 
 The plugin hooks vLLM's push connector at a few narrow points: it overrides some methods
-(and calls vLLM's own), and reads some of the worker's state. A vLLM release that renames
-or reshapes any of them would make the plugin skip a step silently, so it refuses to load
-outside the versions its suites passed on, and checks the signature of every vLLM method it
-overrides or calls, with one error naming the version and everything that differs.
+(and calls vLLM's own), and reads or writes some of vLLM's private state. A vLLM release
+that renames or reshapes any of them would make the plugin skip a step silently, so it
+refuses to load outside the versions its suites passed on, and checks, per version:
 
-No vLLM import at module level: :func:`check` takes the version and the classes, so the
-gate itself is tested without vLLM.
+* the signature of every vLLM method it overrides or calls (:data:`SIGNATURES`);
+* the presence of every vLLM attribute it reads or writes (:data:`ATTRIBUTES`). An
+  attribute that vLLM's constructor sets on the instance is not on the class; it counts as
+  present when some class of the MRO assigns ``self.<name>`` in its source, is a dataclass
+  field, or is a class attribute. The adopted worker and scheduler are checked again on
+  the built instance (:func:`check_instance`), where no source is read.
+
+Every difference goes into one error naming the version. No vLLM import at module level:
+:func:`check` takes the version and the classes (:func:`vllm_classes` imports the
+installed ones), so the gate itself is tested without vLLM.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import re
 from collections.abc import Callable, Mapping
 
 from kvdrain._errors import KvdrainError
 
-__all__ = ["SUPPORTED_VLLM", "UnsupportedVllmError", "check", "differences"]
+__all__ = [
+    "ATTRIBUTES",
+    "SIGNATURES",
+    "SUPPORTED_VLLM",
+    "UnsupportedVllmError",
+    "check",
+    "check_instance",
+    "differences",
+    "expectations",
+    "vllm_classes",
+]
 
-SUPPORTED_VLLM = ("0.33.0",)
-"""The vLLM versions ``make test-vllm`` and ``make test-vllm-e2e`` pass on."""
+SUPPORTED_VLLM = ("0.33.0", "0.34.0")
+"""The vLLM versions ``make test-vllm`` passes on (each with ``VLLM=X.Y.Z``)."""
 
 Signatures = Mapping[str, Mapping[str, tuple[str, ...]]]
 """Class name -> method name -> its parameters, as ``inspect.signature`` gives them
 (``self`` first; ``*name`` and ``**name`` for variadics, ``name=`` for a default)."""
 
-# Every vLLM method the plugin overrides or calls, with the parameters it relies on.
-EXPECTED: Signatures = {
+Attributes = Mapping[str, tuple[str, ...]]
+"""Class name -> the attributes the plugin reads or writes on its instances."""
+
+# Every vLLM method the plugin overrides or calls, with the parameters it relies on. The
+# same in 0.33.0 and 0.34.0.
+SIGNATURES: Signatures = {
     "NixlPushConnector": {
         "__init__": ("self", "vllm_config", "role", "kv_cache_config"),
         "build_kv_connector_stats": ("data=",),
@@ -44,6 +67,10 @@ EXPECTED: Signatures = {
         "aggregate": ("self", "other"),
         "reduce": ("self",),
         "clone_and_reset": ("self",),
+        "record_failed_transfer": ("self",),
+        "record_failed_notification": ("self",),
+        "record_kv_expired_req": ("self",),
+        "record_notification_after_expiry": ("self",),
     },
     "NixlPromMetrics": {
         "__init__": ("self", "vllm_config", "metric_types", "labelnames", "per_engine_labelvalues"),
@@ -72,18 +99,89 @@ EXPECTED: Signatures = {
         ),
         "_engines_with_inflight_transfers": ("self",),
         "_cleanup_remote_engine": ("self", "engine_id", "log_eviction="),
-        "_push_writer_loop": ("self",),
-        "_handle_push_reg_notif": ("self", "notif"),
-        "_send_heartbeats": ("self", "metadata"),
-        "_do_send_reg_notif": ("self", "req_id", "reg_data"),
-        "_pop_done_transfers": ("self", "transfers"),
+        "_log_failure": ("self", "failure_type", "req_id", "msg=", "error=", "meta=", "**extra_context"),
         "shutdown": ("self",),
     },
+    "TransferTopology": {
+        "get_engine_info": ("self", "remote_engine_id", "remote_pp_rank="),
+    },
+}
+
+# Every vLLM attribute the plugin reads or writes, by the class whose instances hold it.
+# The same in 0.33.0 and 0.34.0.
+ATTRIBUTES: Attributes = {
+    "NixlPushConnector": ("connector_scheduler", "connector_worker"),
+    "NixlPushConnectorScheduler": ("_reqs_need_recv",),
+    "NixlPushConnectorWorker": (
+        "engine_id",
+        "world_size",
+        "tp_rank",
+        "pcp_rank",
+        "pcp_dcp_sharded",
+        "use_mla",
+        "transfer_topo",
+        "nixl_wrapper",
+        "xfer_stats",
+        "_handshake_lock",
+        "_remote_agents",
+        "_recving_metadata",
+        "_recving_transfers",
+        "_failed_recv_reqs",
+        "_invalid_block_ids",
+    ),
+    "NixlKVConnectorStats": ("data",),
+    "NixlPromMetrics": ("_counter_cls", "_gauge_cls"),
+    "NixlConnectorMetadata": ("reqs_to_recv", "push_registrations"),
+    "ReqMeta": ("local_block_ids", "tp_size", "pp_size", "remote"),
+    "RemoteMeta": ("engine_id", "request_id"),
+    "ReadSpec": ("remote_rank",),
+    "EngineTransferInfo": ("remote_tp_size",),
+}
+
+_NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
+LOCATIONS: Mapping[str, str] = {
+    "NixlPushConnector": f"{_NIXL}.connector",
+    "NixlPushConnectorScheduler": f"{_NIXL}.push_scheduler",
+    "NixlPushConnectorWorker": f"{_NIXL}.push_worker",
+    "NixlKVConnectorStats": f"{_NIXL}.stats",
+    "NixlPromMetrics": f"{_NIXL}.stats",
+    "NixlConnectorMetadata": f"{_NIXL}.metadata",
+    "ReqMeta": f"{_NIXL}.metadata",
+    "RemoteMeta": f"{_NIXL}.metadata",
+    "ReadSpec": f"{_NIXL}.tp_mapping",
+    "TransferTopology": "vllm.distributed.kv_transfer.kv_connector.utils",
+    "EngineTransferInfo": "vllm.distributed.kv_transfer.kv_connector.utils",
+}
+"""The module of every vLLM class the gate checks, by name."""
+
+_BY_VERSION: Mapping[str, tuple[Signatures, Attributes]] = {
+    "0.33.0": (SIGNATURES, ATTRIBUTES),
+    "0.34.0": (SIGNATURES, ATTRIBUTES),
 }
 
 
 class UnsupportedVllmError(KvdrainError, ImportError):
     """The installed vLLM is not one the plugin supports (the message says what differs)."""
+
+
+def expectations(version: str) -> tuple[Signatures, Attributes]:
+    """What the plugin expects of vLLM ``version``: that release's own table, or for a
+    release outside the tested set the newest's (so the error names what moved)."""
+    return _BY_VERSION.get(version) or _BY_VERSION[SUPPORTED_VLLM[-1]]
+
+
+def vllm_classes() -> dict[str, type]:
+    """The installed vLLM's classes of :data:`LOCATIONS`, imported now; a class or module
+    that is not there is left out (:func:`differences` names it missing)."""
+    found = {}
+    for name, module in LOCATIONS.items():
+        try:
+            cls = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if isinstance(cls, type):
+            found[name] = cls
+    return found
 
 
 def parameters(fn: Callable[..., object]) -> tuple[str, ...]:
@@ -101,13 +199,22 @@ def parameters(fn: Callable[..., object]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def differences(classes: Mapping[str, type], expected: Signatures = EXPECTED) -> list[str]:
-    """Every way ``classes`` (vLLM's, by name) differ from ``expected``."""
+def differences(
+    classes: Mapping[str, type],
+    signatures: Signatures = SIGNATURES,
+    attributes: Attributes = ATTRIBUTES,
+) -> list[str]:
+    """Every way ``classes`` (vLLM's, by name) differ from ``signatures`` and
+    ``attributes``."""
     found = []
-    for cls_name, methods in expected.items():
+    missing: set[str] = set()
+    for cls_name in [*signatures, *(n for n in attributes if n not in signatures)]:
+        if classes.get(cls_name) is None:
+            found.append(f"{cls_name} is missing")
+            missing.add(cls_name)
+    for cls_name, methods in signatures.items():
         cls = classes.get(cls_name)
         if cls is None:
-            found.append(f"{cls_name} is missing")
             continue
         for name, want in methods.items():
             fn = getattr(cls, name, None)
@@ -117,22 +224,77 @@ def differences(classes: Mapping[str, type], expected: Signatures = EXPECTED) ->
             got = parameters(fn)
             if got != want:
                 found.append(f"{cls_name}.{name}{_show(got)}, the plugin expects {_show(want)}")
+    for cls_name, names in attributes.items():
+        cls = classes.get(cls_name)
+        if cls is None:
+            continue
+        assigned = _assigned_in_source(cls)
+        for name in names:
+            if not (hasattr(cls, name) or name in _dataclass_fields(cls) or name in assigned):
+                found.append(f"{cls_name} sets no attribute {name}")
     return found
 
 
-def check(version: str, classes: Mapping[str, type], expected: Signatures = EXPECTED) -> None:
+def check(
+    version: str,
+    classes: Mapping[str, type],
+    signatures: Signatures | None = None,
+    attributes: Attributes | None = None,
+) -> None:
     """Raises :class:`UnsupportedVllmError` unless ``version`` is supported and
-    ``classes`` match ``expected``."""
+    ``classes`` match its expectations (or ``signatures`` and ``attributes``, given)."""
+    want_sigs, want_attrs = expectations(version)
     problems = []
     if version not in SUPPORTED_VLLM:
         problems.append(f"the version is not one of {', '.join(SUPPORTED_VLLM)}")
-    problems += differences(classes, expected)
+    problems += differences(
+        classes,
+        want_sigs if signatures is None else signatures,
+        want_attrs if attributes is None else attributes,
+    )
+    _raise(version, problems)
+
+
+def check_instance(version: str, obj: object, cls_name: str, attributes: Attributes | None = None) -> None:
+    """Raises :class:`UnsupportedVllmError` unless ``obj`` (vLLM's built ``cls_name``)
+    holds every attribute the plugin uses on it."""
+    names = (expectations(version)[1] if attributes is None else attributes).get(cls_name, ())
+    _raise(version, [f"{cls_name} has no attribute {n}" for n in names if not hasattr(obj, n)])
+
+
+def _raise(version: str, problems: list[str]) -> None:
     if problems:
         raise UnsupportedVllmError(
             f"kvdrain's vLLM connector does not support vLLM {version}: "
             + "; ".join(problems)
             + ". Install a supported vLLM, or kvdrain's release for this one."
         )
+
+
+def _dataclass_fields(cls: type) -> Mapping[str, object]:
+    fields: Mapping[str, object] = getattr(cls, "__dataclass_fields__", {})
+    return fields
+
+
+# A statement that assigns ``self.<name>``, its annotation on one line or several.
+_ASSIGNED = re.compile(
+    r"^[ \t]*self\.([A-Za-z_][A-Za-z0-9_]*)[ \t]*(?::[^=]+?)?=(?!=)", re.MULTILINE
+)
+
+
+def _assigned_in_source(cls: type) -> set[str]:
+    """The names a statement of some class of ``cls``'s MRO assigns, ``self.<name> = ...``
+    (annotated or not), in its source; none for a class without source."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass is object or klass.__module__ == "builtins":
+            continue
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        names.update(_ASSIGNED.findall(source))
+    return names
 
 
 def _show(params: tuple[str, ...]) -> str:

@@ -17,12 +17,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import (
     NixlPushConnectorScheduler,
 )
 
+from kvdrain.vllm import _gate
 from kvdrain.vllm._decode import block_groups
 from kvdrain.vllm._settings import Settings
 
@@ -56,7 +58,9 @@ class KvdrainPushScheduler(NixlPushConnectorScheduler):
     override calls vLLM's method first."""
 
     def kvdrain_attach(self, settings: Settings) -> None:
-        """The plugin's state (vLLM's constructor has run)."""
+        """The plugin's state (vLLM's constructor has run). Refuses a scheduler that
+        lacks any vLLM attribute the plugin uses (:func:`_gate.check_instance`)."""
+        _gate.check_instance(vllm.__version__, self, "NixlPushConnectorScheduler")
         self.kvdrain_capacity = settings.capacity
         # Waiting for pushed KV, not finished on the scheduler.
         self.kvdrain_receiving: set[str] = set()

@@ -1,4 +1,5 @@
-"""A vLLM 0.33 KV connector: vLLM's NIXL push connector with kvdrain's decisions.
+"""A vLLM KV connector (vLLM 0.33.0, 0.34.0): vLLM's NIXL push connector with kvdrain's
+decisions.
 
 Turned on with one setting, nothing in vLLM edited::
 
@@ -23,8 +24,9 @@ vLLM's constructor runs (:mod:`kvdrain.vllm._nixl_sync`).
   early, admission by ``kvdrain_capacity``).
 
 Every override below calls vLLM's own method and delegates in a few lines. The vLLM
-version and the signature of every vLLM method the plugin uses are checked when this
-module loads (:mod:`kvdrain.vllm._gate`).
+version, the signature of every vLLM method the plugin uses and the presence of every
+vLLM attribute it reads or writes are checked when this module loads, before anything
+else of vLLM's is imported (:mod:`kvdrain.vllm._gate`).
 """
 
 from __future__ import annotations
@@ -36,41 +38,46 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import vllm
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+
+from kvdrain.vllm import _gate
+
+# The gate first: under a vLLM that moved a class, one error says everything that differs
+# before an import below fails on the first of it.
+_gate.check(vllm.__version__, _gate.vllm_classes())
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
     KVConnectorRole,
     KVConnectorTransferResults,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker as vllm_base_worker
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPushConnector
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
-    NixlKVConnectorStats,
-    NixlPromMetrics,
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl import (  # noqa: E402
+    base_worker as vllm_base_worker,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import (
-    NixlPushConnectorScheduler,
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (  # noqa: E402
+    NixlPushConnector,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (  # noqa: E402
+    NixlConnectorMetadata,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (  # noqa: E402
     NixlPushConnectorWorker,
 )
 
-from kvdrain._errors import ConfigError
-from kvdrain._kvdrain import PushPlan
-from kvdrain.vllm import _gate
-from kvdrain.vllm._decode import (
+from kvdrain._errors import ConfigError  # noqa: E402
+from kvdrain._kvdrain import PushPlan  # noqa: E402
+from kvdrain.vllm._decode import (  # noqa: E402
     DecodeReport,
     DecodeSide,
     Registered,
     block_groups,
     producer_ranks,
 )
-from kvdrain.vllm._metrics import KvdrainPromMetrics, KvdrainStats
-from kvdrain.vllm._nixl_sync import agent_sync
-from kvdrain.vllm._nixl_tap import NixlTap, agent_name
-from kvdrain.vllm._nixl_watch import CallWatch
-from kvdrain.vllm._prefill import PrefillSide
-from kvdrain.vllm._scheduler import KvdrainConnectorMetadata, KvdrainPushScheduler
-from kvdrain.vllm._settings import Settings, settings_from_extra_config
+from kvdrain.vllm._metrics import KvdrainPromMetrics, KvdrainStats  # noqa: E402
+from kvdrain.vllm._nixl_sync import agent_sync  # noqa: E402
+from kvdrain.vllm._nixl_tap import NixlTap, agent_name  # noqa: E402
+from kvdrain.vllm._nixl_watch import CallWatch  # noqa: E402
+from kvdrain.vllm._prefill import PrefillSide  # noqa: E402
+from kvdrain.vllm._scheduler import KvdrainConnectorMetadata, KvdrainPushScheduler  # noqa: E402
+from kvdrain.vllm._settings import Settings, settings_from_extra_config  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -87,17 +94,6 @@ __all__ = [
 # A child of vLLM's own logger, so the lines appear in vLLM's log with its format.
 logger = logging.getLogger("vllm.kvdrain")
 
-_gate.check(
-    vllm.__version__,
-    {
-        "NixlPushConnector": NixlPushConnector,
-        "NixlPushConnectorScheduler": NixlPushConnectorScheduler,
-        "NixlPushConnectorWorker": NixlPushConnectorWorker,
-        "NixlKVConnectorStats": NixlKVConnectorStats,
-        "NixlPromMetrics": NixlPromMetrics,
-    },
-)
-
 
 class KvdrainPushWorker(NixlPushConnectorWorker):
     """vLLM's push worker with a :class:`DecodeSide` and a :class:`PrefillSide` (see the
@@ -112,7 +108,9 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         self, settings: Settings, clock: Callable[[], float] = time.monotonic
     ) -> None:
         """The plugin's state, once vLLM's constructor has run (``clock``: monotonic
-        seconds): the two sides, and the NIXL agent behind the tap."""
+        seconds): the two sides, and the NIXL agent behind the tap. Refuses a worker
+        that lacks any vLLM attribute the plugin uses (:func:`_gate.check_instance`)."""
+        _gate.check_instance(vllm.__version__, self, "NixlPushConnectorWorker")
         self.kvdrain_decode = DecodeSide(
             settings,
             world_size=self.world_size,
