@@ -76,6 +76,7 @@ EXPECTED: Signatures = {
         "_handle_push_reg_notif": ("self", "notif"),
         "_send_heartbeats": ("self", "metadata"),
         "_do_send_reg_notif": ("self", "req_id", "reg_data"),
+        "_do_start_push_kv": ("self", "request_id", "local_block_ids", "registration_data"),
         "_pop_done_transfers": ("self", "transfers"),
         "shutdown": ("self",),
     },
