@@ -342,3 +342,64 @@ def test_no_heartbeat_leaves_for_a_receive_whose_deadline_fired(
     beats = pair.d_sent(b"HB:")
     assert beats and all(s < 1_000 for s, _ in beats), beats  # none after the deadline
     assert pair.finished_sending_at == 3_000  # P's lease was not extended
+
+
+# -- the producer side's registrations, alone --------------------------------------------- #
+
+
+def prefill_side() -> tuple[Any, list[int]]:
+    from kvdrain.vllm._prefill import PrefillSide
+
+    now = [0]
+    return PrefillSide(HOLE_1, lambda: now[0]), now
+
+
+def push_reg(rid: str, **fields: object) -> bytes:
+    return b"PUSH_REG:" + msgspec.msgpack.encode({"request_id": rid, **fields})
+
+
+def test_registrations_are_dated_at_the_drain_before_and_cancels_taken_out() -> None:
+    side, now = prefill_side()
+    now[0] = 100
+    assert side.drain_begins() == 0
+    now[0] = 5_000  # the writer thread drains again only now
+    since = side.drain_begins()
+    assert since == 100
+    regs = [push_reg("a", kvdrain_lifetime_ms=400), push_reg("b"), b"HB:p-a"]
+    back = side.feed({"D0": [*regs, encode_cancel("c")], "D1": [encode_cancel("d")]}, since)
+    assert back == {"D0": regs}  # the cancels are the plugin's; vLLM gets the rest
+    assert not side.alive("a")  # 100 + 400 <= 5 000
+    assert side.alive("b")  # vLLM's own decode side: no lifetime
+    assert not side.alive("c") and not side.alive("d")
+    assert side.alive("never-registered")
+
+
+def test_the_earliest_end_of_a_registrations_copies_holds() -> None:
+    side, now = prefill_side()
+    side.feed({"D0": [push_reg("a", kvdrain_lifetime_ms=900)]}, 0)
+    side.feed({"D1": [push_reg("a", kvdrain_lifetime_ms=300)]}, 100)  # D rank 1's copy
+    side.feed({"D0": [push_reg("a", kvdrain_lifetime_ms=5_000)]}, 200)
+    now[0] = 399
+    assert side.alive("a")
+    now[0] = 400
+    assert not side.alive("a")
+
+
+def test_a_cancel_before_its_registration_still_ends_it() -> None:
+    side, _ = prefill_side()
+    side.feed({"D0": [encode_cancel("a")]}, 0)
+    side.feed({"D0": [push_reg("a", kvdrain_lifetime_ms=60_000)]}, 0)
+    assert not side.alive("a")
+
+
+def test_registrations_that_do_not_parse_give_no_lifetime_and_go_on_to_vllm() -> None:
+    side, now = prefill_side()
+    odd = [
+        b"PUSH_REG:\xc1",  # not msgpack
+        b"PUSH_REG:" + msgspec.msgpack.encode([1, 2]),
+        push_reg("a", kvdrain_lifetime_ms="soon"),
+        push_reg("b", kvdrain_lifetime_ms=True),
+    ]
+    assert side.feed({"D0": odd}, 0) == {"D0": odd}
+    now[0] = 10**9
+    assert side.alive("a") and side.alive("b")

@@ -22,10 +22,11 @@ Producers. A receive registered with its producer (``producer=(engine, P request
 gets a lifetime (``Settings.lifetime_ms``, counted from its registration here): the
 worker's ``PUSH_REG`` carries what is left of it when it leaves
 (:meth:`DecodeSide.lifetime_left_ms`), and none leaves for a receive decided already.
-Once a receive is given up (``aborted`` or ``expired``) the report names its producer
-engine in ``cancelled`` (each of its agents gets ``PUSH_CANCEL:``), and the step's
-heartbeats leave it out (:meth:`DecodeSide.beats`): a heartbeat sent after the decision
-would extend the producer's lease past it.
+Once a receive is given up (``aborted``, ``expired``, or failed by vLLM itself while
+another rank registered) the report names its producer engine in ``cancelled`` (each of
+its agents gets ``PUSH_CANCEL:``); once it is decided at all, the step's heartbeats leave
+it out (:meth:`DecodeSide.beats`): a heartbeat sent after the decision would extend the
+producer's lease past the start of the quarantine.
 
 Refusals. A rank that cannot register a receive (its table is full, or the id or the
 expectation is refused) sends no ``PUSH_REG`` for it. With one rank that is the end of
@@ -224,6 +225,8 @@ class DecodeSide:
         self._closed: OrderedDict[str, None] = OrderedDict()
         # P request ids of the receives given up, whose heartbeats stop: id -> engine.
         self._silenced: dict[str, str] = {}
+        # Cancels owed by a give-up made outside a step's report, for the next one.
+        self._cancels: list[tuple[str, str]] = []
 
     def now_ms(self) -> int:
         """This rank's clock, in ms since the side was built."""
@@ -370,6 +373,9 @@ class DecodeSide:
             except UnknownRequestError:
                 self._end(rid)
                 return False
+            # The scheduler keeps it waiting (and heartbeating) until the release: given
+            # up here, its producer is told at the next step.
+            self._give_up(rid, self._cancels)
         self._fence(rid, "held")
         self._outcome.setdefault(rid, {"outcome": "failed_by_vllm", "decided_ms": self._now})
         return True
@@ -377,7 +383,8 @@ class DecodeSide:
     def step(self) -> DecodeReport:
         """One engine step: the decisions the writer thread's notices made ready, the
         producers reported lost, then the clock (deadlines, settle and quarantine ends)."""
-        report = DecodeReport()
+        report = DecodeReport(cancelled=self._cancels)
+        self._cancels = []
         completed, others = self.ledger.poll_split()
         for rid in completed:
             self._completed(rid, report)
@@ -429,7 +436,7 @@ class DecodeSide:
             report.count(f"decisions_{kind}")
             self._decided(rid, d)
             if phase == "waiting":
-                self._give_up(rid, report if kind == "expired" else None)
+                self._give_up(rid, report.cancelled if kind == "expired" else None)
                 self._fence(rid, "failed")
             if kind == "failed":
                 report.failed += 1
@@ -443,22 +450,23 @@ class DecodeSide:
             report.count("decisions_aborted")
             self._decided(rid, d)
             if phase == "waiting":
-                self._give_up(rid, report)
+                self._give_up(rid, report.cancelled)
                 self._fence(rid, "aborted")
         elif kind == "released":
             how = "forced" if d.forced else "settled" if phase == "failed" else "resolved"
             self._released(rid, block_groups(d.blocks), report, how, d.record)
 
-    def _give_up(self, rid: str, report: DecodeReport | None) -> None:
+    def _give_up(self, rid: str, cancels: list[tuple[str, str]] | None) -> None:
         """``rid`` stops waiting: no ``PUSH_REG`` leaves for it from now on, no heartbeat
-        names it; ``report``: it was given up (aborted or expired), so its producer is
-        owed a cancel (a failure needs none: every write resolved)."""
+        names it. ``cancels``: it was given up (aborted, expired, failed by vLLM), so its
+        producer is owed a cancel, put there (a failure needs none: every write
+        resolved)."""
         self._close(rid)
         producer = self._producer_of.pop(rid, None)
         if producer is not None:
             self._silenced[producer[1]] = producer[0]
-            if report is not None:
-                report.cancelled.append((producer[0], rid))
+            if cancels is not None:
+                cancels.append((producer[0], rid))
 
     def _close(self, rid: str) -> None:
         """No ``PUSH_REG`` leaves for ``rid`` from now on, if one was to carry a lifetime."""
