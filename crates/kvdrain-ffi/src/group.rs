@@ -595,7 +595,15 @@ mod tests {
                 kvdrain_ledger_split(ledger, &mut ingest, &mut engine),
                 KVDRAIN_OK
             );
-            for id in ["", "HB", "HB:x", "PUSH_REG:x", "PUSH_FAIL:x", "PUSH_FAIL"] {
+            for id in [
+                "",
+                "HB",
+                "HB:x",
+                "PUSH_REG:x",
+                "PUSH_FAIL:x",
+                "PUSH_FAIL",
+                "PUSH_CANCEL:x",
+            ] {
                 let r = registration(id);
                 let status = kvdrain_engine_register(engine, &r, core::ptr::null_mut());
                 assert_eq!(status, KVDRAIN_ERR_INVALID, "{id:?}");

@@ -46,6 +46,7 @@ mod producer;
 mod record;
 mod requests;
 mod tracker;
+mod wire;
 
 use pyo3::prelude::*;
 
@@ -56,6 +57,8 @@ fn _kvdrain(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<decision::Decision>()?;
     m.add_class::<record::PyRecord>()?;
     m.add_class::<producer::PyPushPlan>()?;
+    m.add_function(wrap_pyfunction!(wire::encode_cancel, m)?)?;
+    m.add_function(wrap_pyfunction!(wire::parse_cancel, m)?)?;
     m.add("TABLE_SIZES", ledger::TABLE_SIZES.to_vec())?;
     m.add("MAX_EDGES", tracker::EDGES)?;
     // The crate's version, which maturin also writes into the wheel's metadata: one

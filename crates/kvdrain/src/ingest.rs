@@ -218,7 +218,7 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
         match wire::parse(bytes) {
             Ok(Message::Completion(c)) => Ok((c.request_id.as_bytes(), false)),
             Ok(Message::Failure(c)) => Ok((c.request_id.as_bytes(), true)),
-            Ok(Message::Heartbeat(_) | Message::Registration(_)) => {
+            Ok(Message::Heartbeat(_) | Message::Registration(_) | Message::Cancel(_)) => {
                 Err(self.ignore(IgnoreReason::NotForConsumer, None))
             }
             Err(e) => Err(self.ignore(IgnoreReason::Malformed(e), None)),
@@ -269,7 +269,10 @@ impl<'l, const N: usize, const E: usize> Ingest<'l, N, E> {
 const PUSH_FAIL: &[u8; 10] = b"PUSH_FAIL:";
 const PUSH_REG: &[u8; 9] = b"PUSH_REG:";
 const HEARTBEAT: &[u8; 3] = b"HB:";
-const _: () = assert!(PUSH_FAIL[0] == b'P' && PUSH_REG[0] == b'P' && HEARTBEAT[0] == b'H');
+const PUSH_CANCEL: &[u8; 12] = b"PUSH_CANCEL:";
+const _: () = assert!(
+    PUSH_FAIL[0] == b'P' && PUSH_REG[0] == b'P' && HEARTBEAT[0] == b'H' && PUSH_CANCEL[0] == b'P'
+);
 
 /// The common case of [`wire::parse`] on the consumer side, on bytes: a completion or
 /// `PUSH_FAIL:` notice whose TP field is 1 to 5 digits with a value in `1..=65535`.
@@ -282,14 +285,15 @@ const _: () = assert!(PUSH_FAIL[0] == b'P' && PUSH_REG[0] == b'P' && HEARTBEAT[0
 /// of call and return).
 #[inline(always)]
 fn consumer_notice(bytes: &[u8]) -> Option<(&[u8], bool)> {
-    // The three prefixes start with `P` or `H`: any other first byte is a completion
+    // The four prefixes start with `P` or `H`: any other first byte is a completion
     // without comparing a prefix. Else fixed-size prefix compares: a couple of loads
     // each, no `memcmp` call.
     let (body, failed) = match bytes.first() {
         Some(b'P' | b'H') => match bytes.split_first_chunk::<10>() {
             Some((head, body)) if head == PUSH_FAIL => (body, true),
             _ if bytes.first_chunk::<9>() == Some(PUSH_REG)
-                || bytes.first_chunk::<3>() == Some(HEARTBEAT) =>
+                || bytes.first_chunk::<3>() == Some(HEARTBEAT)
+                || bytes.first_chunk::<12>() == Some(PUSH_CANCEL) =>
             {
                 return None;
             }
@@ -320,7 +324,7 @@ fn consumer_notice(bytes: &[u8]) -> Option<(&[u8], bool)> {
 
 #[cfg(all(test, not(kvdrain_loom)))]
 mod tests {
-    use super::{HEARTBEAT, PUSH_FAIL, PUSH_REG, consumer_notice};
+    use super::{HEARTBEAT, PUSH_CANCEL, PUSH_FAIL, PUSH_REG, consumer_notice};
     use crate::wire::{self, Message};
 
     #[test]
@@ -328,6 +332,7 @@ mod tests {
         assert_eq!(&PUSH_FAIL[..], wire::PUSH_FAIL_PREFIX);
         assert_eq!(&PUSH_REG[..], wire::PUSH_REG_PREFIX);
         assert_eq!(&HEARTBEAT[..], wire::HEARTBEAT_PREFIX);
+        assert_eq!(&PUSH_CANCEL[..], wire::PUSH_CANCEL_PREFIX);
     }
 
     /// `consumer_notice` accepts a subset of what `wire::parse` accepts as a completion or
@@ -361,6 +366,7 @@ mod tests {
         for slow in [
             &b"PUSH_REG:x:1"[..],
             b"HB:a,b",
+            b"PUSH_CANCEL:x:1",
             b"x:0",
             b"x:65536",
             b"x:000001",
@@ -431,7 +437,7 @@ mod tests {
         } else {
             (200_000, 70_000u32)
         };
-        let alphabet = b":0123456789PUSH_FAILREGB,a\xc3\xa9\x80";
+        let alphabet = b":0123456789PUSH_FAILREGBCN,a\xc3\xa9\x80";
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         let mut buf = [0u8; 24];
         for _ in 0..inputs {
@@ -446,7 +452,7 @@ mod tests {
             }
             agrees(&buf[..len]);
             // With the prefixes in front.
-            for prefix in [&b"PUSH_FAIL:"[..], b"PUSH_REG:", b"HB:"] {
+            for prefix in [&b"PUSH_FAIL:"[..], b"PUSH_REG:", b"HB:", b"PUSH_CANCEL:"] {
                 let mut v = prefix.to_vec();
                 v.extend_from_slice(&buf[..len]);
                 agrees(&v);

@@ -6,10 +6,14 @@
 //! | failure notice | P → D, standalone | `PUSH_FAIL:{D_request_id}:{P_tp_size}` |
 //! | heartbeat | D → P | `HB:{P_request_id},{P_request_id},...` |
 //! | registration | D → P | `PUSH_REG:` + msgpack map (opaque here) |
+//! | cancel | D → P, standalone | `PUSH_CANCEL:{D_request_id}` |
 //!
 //! Parsing follows vLLM's order (`push_worker._get_new_notifs`): the `PUSH_REG:` prefix is
 //! matched on the raw bytes, then the message must be UTF-8, then `HB:`, then `PUSH_FAIL:`;
-//! a completion body is split at its **last** `:` so ids may contain `:`. Parsing borrows
+//! a completion body is split at its **last** `:` so ids may contain `:`. `PUSH_CANCEL:` is
+//! kvdrain's own (vLLM has no D → P cancel): it is read after `HB:`, and everything after
+//! its prefix is the id. A vLLM P takes it for a completion of the unknown id
+//! `PUSH_CANCEL` (or `PUSH_CANCEL:…` when the id holds a `:`) and drops it. Parsing borrows
 //! from the input and never allocates; emitting writes into a caller buffer.
 
 use core::fmt;
@@ -20,6 +24,8 @@ pub const PUSH_FAIL_PREFIX: &[u8] = b"PUSH_FAIL:";
 pub const PUSH_REG_PREFIX: &[u8] = b"PUSH_REG:";
 /// Prefix of a heartbeat.
 pub const HEARTBEAT_PREFIX: &[u8] = b"HB:";
+/// Prefix of a cancel: the consumer gave up a request it registered (kvdrain's own).
+pub const PUSH_CANCEL_PREFIX: &[u8] = b"PUSH_CANCEL:";
 
 /// The body shared by completions and failure notices: `{request_id}:{tp_size}`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -43,6 +49,10 @@ pub enum Message<'a> {
     Heartbeat(Heartbeat<'a>),
     /// `PUSH_REG:`: producer-bound registration; the msgpack payload after the prefix.
     Registration(&'a [u8]),
+    /// `PUSH_CANCEL:`: producer-bound; the consumer gave up its request with this id
+    /// (aborted or expired), so the producer must not start a WRITE for it. A WRITE
+    /// already posted runs to its end and is reported as usual.
+    Cancel(&'a str),
 }
 
 /// A heartbeat body: comma-separated producer-side request ids.
@@ -101,6 +111,12 @@ pub fn parse(bytes: &[u8]) -> Result<Message<'_>, ParseError> {
     if let Some(ids) = text.strip_prefix("HB:") {
         return Ok(Message::Heartbeat(Heartbeat { ids }));
     }
+    if let Some(request_id) = text.strip_prefix("PUSH_CANCEL:") {
+        if request_id.is_empty() {
+            return Err(ParseError::EmptyRequestId);
+        }
+        return Ok(Message::Cancel(request_id));
+    }
     match text.strip_prefix("PUSH_FAIL:") {
         Some(body) => parse_body(body).map(Message::Failure),
         None => parse_body(text).map(Message::Completion),
@@ -151,9 +167,9 @@ pub enum EncodeError {
     ZeroTpSize,
     /// A heartbeat id is empty or contains `,`, which would change the id list.
     BadHeartbeatId,
-    /// A completion's bytes would start with `HB:`, `PUSH_FAIL:` or `PUSH_REG:` (ids such
-    /// as `HB`, `HB:x` or `PUSH_FAIL:x`) and parse as another message (a failure notice
-    /// for another id, say).
+    /// A completion's bytes would start with `HB:`, `PUSH_FAIL:`, `PUSH_REG:` or
+    /// `PUSH_CANCEL:` (ids such as `HB`, `HB:x` or `PUSH_FAIL:x`) and parse as another
+    /// message (a failure notice for another id, say).
     ReservedPrefix,
 }
 
@@ -167,7 +183,8 @@ impl fmt::Display for EncodeError {
             EncodeError::ZeroTpSize => f.write_str("TP size 0"),
             EncodeError::BadHeartbeatId => f.write_str("heartbeat id is empty or contains ','"),
             EncodeError::ReservedPrefix => f.write_str(
-                "completion would start with a message prefix (HB:, PUSH_FAIL:, PUSH_REG:)",
+                "completion would start with a message prefix (HB:, PUSH_FAIL:, PUSH_REG:, \
+                 PUSH_CANCEL:)",
             ),
         }
     }
@@ -266,16 +283,21 @@ fn completion_reads_as_another_message(request_id: &str) -> bool {
         let n = p.len() - 1;
         id.get(..n) == Some(&p[..n]) && id.get(n).is_none_or(|&b| b == b':')
     };
-    [HEARTBEAT_PREFIX, PUSH_FAIL_PREFIX, PUSH_REG_PREFIX]
-        .into_iter()
-        .any(reserved)
+    [
+        HEARTBEAT_PREFIX,
+        PUSH_FAIL_PREFIX,
+        PUSH_REG_PREFIX,
+        PUSH_CANCEL_PREFIX,
+    ]
+    .into_iter()
+    .any(reserved)
 }
 
 /// Whether a request registered under `request_id` could ever complete: `Err` when its
 /// completions cannot exist on the wire, because the id is empty
 /// ([`EncodeError::EmptyRequestId`]) or its completion would parse as another message
 /// ([`EncodeError::ReservedPrefix`]: ids `HB`, `HB:...`, `PUSH_REG:...`,
-/// `PUSH_FAIL:...`). [`Engine::register`](crate::Engine::register) accepts such ids (a
+/// `PUSH_FAIL:...`, `PUSH_CANCEL:...`). [`Engine::register`](crate::Engine::register) accepts such ids (a
 /// replay trace may register them, and they expire); an API that wants to refuse them
 /// up front asks this.
 ///
@@ -328,6 +350,23 @@ pub fn encode_registration(msgpack_payload: &[u8], out: &mut [u8]) -> Result<usi
     let mut o = reserve(out, needed)?;
     o.put(PUSH_REG_PREFIX);
     o.put(msgpack_payload);
+    Ok(needed)
+}
+
+/// Writes a cancel `PUSH_CANCEL:{request_id}` for the consumer's request id; returns its
+/// length. Any non-empty id reads back whole, `:` included.
+///
+/// # Errors
+/// [`EncodeError::EmptyRequestId`] for an empty id; [`EncodeError::BufferTooSmall`] if
+/// `out` is too short (nothing written).
+pub fn encode_cancel(request_id: &str, out: &mut [u8]) -> Result<usize, EncodeError> {
+    if request_id.is_empty() {
+        return Err(EncodeError::EmptyRequestId);
+    }
+    let needed = PUSH_CANCEL_PREFIX.len() + request_id.len();
+    let mut o = reserve(out, needed)?;
+    o.put(PUSH_CANCEL_PREFIX);
+    o.put(request_id.as_bytes());
     Ok(needed)
 }
 
@@ -393,6 +432,45 @@ mod tests {
         let n = encode_registration(payload, &mut buf).unwrap();
         assert_eq!(&buf[..9], b"PUSH_REG:");
         assert_eq!(parse(&buf[..n]), Ok(Message::Registration(payload)));
+    }
+
+    #[test]
+    fn golden_cancel() {
+        let mut buf = [0u8; 32];
+        let n = encode_cancel("cmpl-42-0", &mut buf).unwrap();
+        assert_eq!(
+            &buf[..n],
+            b"\x50\x55\x53\x48\x5f\x43\x41\x4e\x43\x45\x4c\x3a\x63\x6d\x70\x6c\x2d\x34\x32\x2d\x30"
+        );
+        assert_eq!(&buf[..n], b"PUSH_CANCEL:cmpl-42-0");
+        assert_eq!(parse(&buf[..n]), Ok(Message::Cancel("cmpl-42-0")));
+        // The id is everything after the prefix, colons and digits included.
+        assert_eq!(parse(b"PUSH_CANCEL:a:b:2"), Ok(Message::Cancel("a:b:2")));
+        assert_eq!(parse(b"PUSH_CANCEL:"), Err(ParseError::EmptyRequestId));
+        assert_eq!(parse(b"PUSH_CANCEL:r\xff"), Err(ParseError::NotUtf8));
+        assert_eq!(
+            encode_cancel("", &mut buf),
+            Err(EncodeError::EmptyRequestId)
+        );
+        let mut short = [9u8; 12];
+        assert_eq!(
+            encode_cancel("r", &mut short),
+            Err(EncodeError::BufferTooSmall { needed: 13 })
+        );
+        assert_eq!(short, [9u8; 12]);
+    }
+
+    #[test]
+    fn old_producer_view_of_a_cancel_is_an_unknown_id() {
+        // What a vLLM 0.33 P does with it: not `HB:`, so `rsplit(":", 1)` gives an id
+        // that starts with `PUSH_CANCEL`, which no request has; the TP field is never
+        // read as a number for an unknown id.
+        for (body, id) in [
+            ("PUSH_CANCEL:req", "PUSH_CANCEL"),
+            ("PUSH_CANCEL:a:b", "PUSH_CANCEL:a"),
+        ] {
+            assert_eq!(body.rsplit_once(':').map(|(id, _)| id), Some(id));
+        }
     }
 
     #[test]
@@ -471,6 +549,8 @@ mod tests {
             "PUSH_FAIL:x",
             "PUSH_REG",
             "PUSH_REG:x",
+            "PUSH_CANCEL",
+            "PUSH_CANCEL:x",
         ] {
             let c = Body {
                 request_id: id,
@@ -485,7 +565,14 @@ mod tests {
             let n = c.encode_failure(&mut buf).unwrap();
             assert_eq!(parse(&buf[..n]), Ok(Message::Failure(c)));
         }
-        for id in ["H", "HBx", "PUSH_FAILx:y", "PUSH_RE", "xHB:"] {
+        for id in [
+            "H",
+            "HBx",
+            "PUSH_FAILx:y",
+            "PUSH_RE",
+            "xHB:",
+            "PUSH_CANCELx",
+        ] {
             let c = Body {
                 request_id: id,
                 tp_size: 2,
@@ -511,6 +598,8 @@ mod tests {
                 assert_eq!(parse(&buf[..n]), Ok(Message::Completion(c)));
                 let n = c.encode_failure(&mut buf).unwrap();
                 assert_eq!(parse(&buf[..n]), Ok(Message::Failure(c)));
+                let n = encode_cancel(id, &mut buf).unwrap();
+                assert_eq!(parse(&buf[..n]), Ok(Message::Cancel(id)));
             }
         }
     }

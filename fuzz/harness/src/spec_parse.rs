@@ -7,7 +7,7 @@
 pub(crate) enum SpecMessage {
     /// A completion (`failed == false`) or a failure notice for `id`.
     Notice { id: String, tp: u16, failed: bool },
-    /// `HB:...` or `PUSH_REG:...`.
+    /// `HB:...`, `PUSH_REG:...` or `PUSH_CANCEL:<id>`.
     NotForConsumer,
     /// Anything else.
     Malformed,
@@ -23,6 +23,14 @@ pub(crate) fn spec_parse(bytes: &[u8]) -> SpecMessage {
     };
     if text.starts_with("HB:") {
         return SpecMessage::NotForConsumer;
+    }
+    // A cancel names the consumer's id: everything after its prefix, never empty.
+    if let Some(id) = text.strip_prefix("PUSH_CANCEL:") {
+        return if id.is_empty() {
+            SpecMessage::Malformed
+        } else {
+            SpecMessage::NotForConsumer
+        };
     }
     let (body, failed) = match text.strip_prefix("PUSH_FAIL:") {
         Some(body) => (body, true),

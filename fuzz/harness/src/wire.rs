@@ -9,7 +9,9 @@
 use arbitrary::{Arbitrary, Unstructured};
 
 use crate::spec_parse::{SpecMessage, spec_parse};
-use kvdrain::wire::{Body, EncodeError, Message, encode_heartbeat, encode_registration, parse};
+use kvdrain::wire::{
+    Body, EncodeError, Message, encode_cancel, encode_heartbeat, encode_registration, parse,
+};
 
 /// Runs one fuzz input.
 pub fn wire(data: &[u8]) {
@@ -42,7 +44,10 @@ fn agrees_with_spec(data: &[u8], parsed: Result<Message<'_>, kvdrain::wire::Pars
             assert_eq!(c.request_id, id, "request id of {data:?}");
             assert_eq!(c.tp_size, tp, "TP size of {data:?}");
         }
-        (Ok(Message::Heartbeat(_) | Message::Registration(_)), SpecMessage::NotForConsumer)
+        (
+            Ok(Message::Heartbeat(_) | Message::Registration(_) | Message::Cancel(_)),
+            SpecMessage::NotForConsumer,
+        )
         | (Err(_), SpecMessage::Malformed) => {}
         (parsed, spec) => panic!("{data:?}: parser says {parsed:?}, spec says {spec:?}"),
     }
@@ -64,6 +69,7 @@ fn reparse(data: &[u8], message: Message<'_>) {
             encode_heartbeat(ids.iter().copied(), &mut buf)
         }
         Message::Registration(payload) => encode_registration(payload, &mut buf),
+        Message::Cancel(id) => encode_cancel(id, &mut buf),
     }
     .unwrap_or_else(|e| panic!("{data:?} parsed as {message:?} but does not emit: {e}"));
     match (message, parse(&buf[..n])) {
@@ -77,7 +83,7 @@ fn reparse(data: &[u8], message: Message<'_>) {
         Message::Completion(_) | Message::Failure(_) => canonical_tp(data),
         // No empty entries between the commas.
         Message::Heartbeat(hb) => hb.ids().collect::<Vec<_>>().join(",").len() + 3 == data.len(),
-        Message::Registration(_) => true,
+        Message::Registration(_) | Message::Cancel(_) => true,
     };
     if canonical {
         assert_eq!(&buf[..n], data, "emitting {message:?} changed the bytes");

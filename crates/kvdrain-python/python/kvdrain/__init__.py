@@ -38,6 +38,8 @@ from kvdrain._kvdrain import (
     PushPlan,
     Record,
     __version__,
+    encode_cancel,
+    parse_cancel,
 )
 from kvdrain._producer import Outcome, failure_notices, plan_outcomes
 
@@ -61,7 +63,9 @@ __all__ = [
     "Record",
     "TopologyError",
     "UnknownRequestError",
+    "encode_cancel",
     "failure_notices",
+    "parse_cancel",
     "plan_outcomes",
     "__version__",
 ]

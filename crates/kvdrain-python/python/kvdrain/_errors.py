@@ -65,7 +65,8 @@ class InvalidArgumentError(KvdrainError, ValueError):
 class InvalidRequestIdError(InvalidArgumentError):
     """A request id that can never complete, refused before anything changed: empty, not
     valid UTF-8 (a lone surrogate), or one whose completion ``REQ:TP`` would read as
-    another message (``HB``, ``HB:...``, ``PUSH_REG:...``, ``PUSH_FAIL:...``)."""
+    another message (``HB``, ``HB:...``, ``PUSH_REG:...``, ``PUSH_FAIL:...``,
+    ``PUSH_CANCEL:...``)."""
 
     def __init__(self, message: str, request_id: str) -> None:
         super().__init__(message)

@@ -217,3 +217,12 @@ class PushPlan:
     def is_terminal(self) -> bool: ...
     @property
     def all_landed(self) -> bool: ...
+
+def encode_cancel(request_id: str) -> bytes:
+    """``PUSH_CANCEL:{request_id}``: what a consumer sends each producer it registered
+    ``request_id`` with once it gives the request up. Raises InvalidRequestIdError for an
+    empty id."""
+
+def parse_cancel(message: object) -> str | None:
+    """The request id a ``PUSH_CANCEL:`` message names; ``None`` for anything else
+    (another message, malformed bytes, not ``bytes``). Never raises."""

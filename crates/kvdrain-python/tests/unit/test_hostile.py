@@ -195,7 +195,9 @@ def test_lone_surrogates_raise_kvdrain_errors() -> None:
     assert [d.request_id for d in led.poll()] == ["ok"]
 
 
-@pytest.mark.parametrize("rid", ["", "HB", "HB:x", "PUSH_REG:x", "PUSH_FAIL:x", "PUSH_FAIL"])
+@pytest.mark.parametrize(
+    "rid", ["", "HB", "HB:x", "PUSH_REG:x", "PUSH_FAIL:x", "PUSH_FAIL", "PUSH_CANCEL:x"]
+)
 def test_ids_that_can_never_complete_are_refused(rid: str) -> None:
     led = Ledger(16)
     with pytest.raises(kvdrain.InvalidRequestIdError) as e:
@@ -210,10 +212,11 @@ def test_ids_that_can_never_complete_are_refused(rid: str) -> None:
 
 def test_ids_with_colons_and_near_prefixes_are_accepted() -> None:
     led = Ledger(16)
-    for rid in ["a:b", "HBx", "PUSH_REGx", "xHB:", "PUSH_FAILED:1"]:
+    ids = ["a:b", "HBx", "PUSH_REGx", "xHB:", "PUSH_FAILED:1", "PUSH_CANCELx"]
+    for rid in ids:
         led.register(rid, None, 1)
         led.feed({"p": [f"{rid}:1".encode()]})
-    assert len(led.poll()) == 5
+    assert [d.request_id for d in led.poll()] == ids
 
 
 def test_out_of_range_ints_raise_kvdrain_errors() -> None:

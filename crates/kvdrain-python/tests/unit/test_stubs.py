@@ -43,7 +43,7 @@ def public(names: set[str]) -> set[str]:
 def test_stubs_name_exactly_what_the_module_exports() -> None:
     names = set()
     for node in stub_tree().body:
-        if isinstance(node, ast.ClassDef):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
             names.add(node.name)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
@@ -76,8 +76,18 @@ def test_every_class_member_and_signature_agrees() -> None:
             assert expected[1:] == (got if name == "__init__" else got[1:]), (cls.name, name)
 
 
+def test_every_module_function_signature_agrees() -> None:
+    functions = [n for n in stub_tree().body if isinstance(n, ast.FunctionDef)]
+    assert {f.name for f in functions} == {"encode_cancel", "parse_cancel"}
+    for fn in functions:
+        assert params(fn) == runtime_params(getattr(ext, fn.name)), fn.name
+
+
 def test_package_reexports_the_extension() -> None:
-    for name in ("Ledger", "Decision", "PushPlan", "TABLE_SIZES", "MAX_EDGES"):
+    for name in (
+        "Ledger", "Decision", "PushPlan", "TABLE_SIZES", "MAX_EDGES", "encode_cancel",
+        "parse_cancel",
+    ):
         assert getattr(kvdrain, name) is getattr(ext, name)
     assert set(kvdrain.__all__) <= set(dir(kvdrain))
     assert pathlib.Path(kvdrain.__file__).with_name("py.typed").exists()

@@ -73,3 +73,48 @@ def test_nixl_stack_tools_are_an_ordered_subset_of_py_spy_and_gdb() -> None:
 def test_bad_settings_raise_config_error(extra: dict[str, object]) -> None:
     with pytest.raises(kvdrain.ConfigError):
         settings_from_extra_config(extra)
+
+
+def test_the_registration_lifetime_is_the_deadline_cut_to_the_quarantine() -> None:
+    assert settings_from_extra_config(None).lifetime_ms == 59_000  # 60 s - 1 s margin
+    s = settings_from_extra_config(
+        {"kv_lease_duration": 1, "kvdrain_deadline_ms": 500, "kvdrain_quarantine_ms": 1_500,
+         "kvdrain_margin_ms": 500}
+    )
+    assert (s.lifetime_ms, s.lease_ms, s.margin_ms) == (500, 1_000, 500)
+    s = settings_from_extra_config({"kvdrain_registration_lifetime_ms": 20_000})
+    assert s.lifetime_ms == 20_000
+
+
+@pytest.mark.parametrize(
+    ("extra", "names"),
+    [
+        # The heartbeat case: lease 3 s, quarantine 3 001 ms. A producer may post until
+        # its lease ends, up to a lease after the decision: 1 ms left for the WRITE.
+        ({"kv_lease_duration": 3, "kvdrain_deadline_ms": 1_000, "kvdrain_quarantine_ms": 3_001},
+         "kv_lease_duration"),
+        # The quarantine at the lease plus the margin, less 1 ms.
+        ({"kv_lease_duration": 30, "kvdrain_quarantine_ms": 30_999}, "kvdrain_margin_ms"),
+        # A lifetime the quarantine does not cover with the margin.
+        ({"kvdrain_registration_lifetime_ms": 59_001}, "kvdrain_registration_lifetime_ms"),
+        ({"kvdrain_registration_lifetime_ms": 0}, "kvdrain_registration_lifetime_ms"),
+        # A margin that leaves no lifetime.
+        ({"kv_lease_duration": 0, "kvdrain_quarantine_ms": 5_000, "kvdrain_margin_ms": 5_000},
+         "kvdrain_margin_ms"),
+        ({"kvdrain_margin_ms": "later"}, "kvdrain_margin_ms"),
+    ],
+)
+def test_settings_that_leave_a_window_are_refused(extra: dict[str, object], names: str) -> None:
+    with pytest.raises(kvdrain.ConfigError, match=names):
+        settings_from_extra_config(extra)
+
+
+def test_the_edges_of_the_windows_load() -> None:
+    # Exactly lease + margin, and exactly lifetime + margin.
+    s = settings_from_extra_config({"kv_lease_duration": 3, "kvdrain_quarantine_ms": 4_000})
+    assert s.quarantine_ms == 4_000 and s.lifetime_ms == 3_000
+    s = settings_from_extra_config(
+        {"kv_lease_duration": 3, "kvdrain_quarantine_ms": 3_001, "kvdrain_margin_ms": 1,
+         "kvdrain_registration_lifetime_ms": 3_000}
+    )
+    assert s.lifetime_ms == 3_000

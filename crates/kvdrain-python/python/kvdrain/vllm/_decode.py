@@ -18,6 +18,16 @@ now first), deadlines and settle and quarantine ends at the first step that reac
 them. A failure notice read during a slow step therefore settles from when it was read,
 not from the step before.
 
+Producers. A receive registered with its producer (``producer=(engine, P request id)``)
+gets a lifetime (``Settings.lifetime_ms``, counted from its registration here): the
+worker's ``PUSH_REG`` carries what is left of it when it leaves
+(:meth:`DecodeSide.lifetime_left_ms`), and none leaves for a receive decided already.
+Once a receive is given up (``aborted``, ``expired``, or failed by vLLM itself while
+another rank registered) the report names its producer engine in ``cancelled`` (each of
+its agents gets ``PUSH_CANCEL:``); once it is decided at all, the step's heartbeats leave
+it out (:meth:`DecodeSide.beats`): a heartbeat sent after the decision would extend the
+producer's lease past the start of the quarantine.
+
 Refusals. A rank that cannot register a receive (its table is full, or the id or the
 expectation is refused) sends no ``PUSH_REG`` for it. With one rank that is the end of
 it: nothing can be written, and vLLM fails the receive at once. With two or more ranks
@@ -37,6 +47,7 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +103,10 @@ Registered = Literal["tracked", "duplicate", "refused", "held"]
 after a preemption); refused with nothing written (one rank: fail it now); refused but
 held for the quarantine (two or more ranks)."""
 
+# Receives no longer waiting, remembered so no PUSH_REG leaves for them late: far more
+# than wait at once.
+_CLOSED_KEPT = 65_536
+
 # Ledger counters that vLLM's own metric "notifications after expiry" stands for.
 _AFTER_EXPIRY = ("unknown", "late")
 # Ledger counters reported as metrics: ignored notices by reason, failed edges by cause.
@@ -137,6 +152,9 @@ class DecodeReport:
     expired: int = 0
     after_expiry: int = 0
     """Notices for ids no longer tracked (vLLM's "notification after expiry")."""
+    cancelled: list[tuple[str, str]] = field(default_factory=list)
+    """``(producer engine, request)`` for each receive given up in this step: each agent
+    of that engine is owed ``PUSH_CANCEL:`` + the request id."""
     counts: dict[str, int] = field(default_factory=dict, compare=False)
     """What happened in this step, by metric key (:data:`COUNT_KEYS`); for the metrics,
     not part of the report's equality."""
@@ -199,6 +217,16 @@ class DecodeSide:
         # and (once decided) what was decided, when, and who still owed a write.
         self._tracked_at: dict[str, int] = {}
         self._outcome: dict[str, dict[str, object]] = {}
+        # Waiting receives registered with a producer: request -> (engine, P request id),
+        # and when their lifetime ends (ms). Read by the writer thread (single dict
+        # operations); written by the engine thread.
+        self._producer_of: dict[str, tuple[str, str]] = {}
+        self._lifetime_end: dict[str, int] = {}
+        self._closed: OrderedDict[str, None] = OrderedDict()
+        # P request ids of the receives given up, whose heartbeats stop: id -> engine.
+        self._silenced: dict[str, str] = {}
+        # Cancels owed by a give-up made outside a step's report, for the next one.
+        self._cancels: list[tuple[str, str]] = []
 
     def now_ms(self) -> int:
         """This rank's clock, in ms since the side was built."""
@@ -247,12 +275,18 @@ class DecodeSide:
         return report
 
     def register(
-        self, rid: str, groups: list[list[int]], expect: int | list[str], report: DecodeReport
+        self,
+        rid: str,
+        groups: list[list[int]],
+        expect: int | list[str],
+        report: DecodeReport,
+        producer: tuple[str, str] | None = None,
     ) -> Registered:
         """Tracks a receive before its ``PUSH_REG`` goes out (see the module's
         *Refusals*); a held refusal puts its blocks in ``report.invalid``. Dated at the
         last :meth:`catch_up` (the worker catches up at the start of every
-        ``start_load_kv``)."""
+        ``start_load_kv``). ``producer``: ``(engine, P request id)`` the receive is
+        registered with (see the module's *Producers*)."""
         try:
             self.ledger.register(rid, tuple(groups), expect)
         except DuplicateRequestError:
@@ -277,7 +311,33 @@ class DecodeSide:
             self._report_invalid(rid, groups, report)
             return "held"
         self._track(rid, "waiting", groups)
+        if producer is not None:
+            self._producer_of[rid] = producer
+            self._lifetime_end[rid] = self._now + self.settings.lifetime_ms
         return "tracked"
+
+    def lifetime_left_ms(self, rid: str) -> int | None:
+        """What is left of the lifetime of ``rid``'s registration, for the ``PUSH_REG``
+        leaving now (any thread): ``0`` when the receive was given up or decided (send
+        none), ``None`` when this side does not track it (vLLM's own ``PUSH_REG``)."""
+        if rid in self._closed:
+            return 0
+        end = self._lifetime_end.get(rid)
+        if end is None:
+            return None
+        return max(0, end - self.now_ms())
+
+    def beats(self, engine: str, p_ids: Iterable[str]) -> list[str]:
+        """The P request ids of one heartbeat to producer ``engine``, less those of the
+        receives given up; an id given up that the heartbeat no longer names is
+        forgotten."""
+        ids = list(p_ids)
+        kept = [p for p in ids if p not in self._silenced]
+        named = set(ids)
+        for p, e in list(self._silenced.items()):
+            if e == engine and p not in named:
+                del self._silenced[p]
+        return kept
 
     def abort(self, rid: str, report: DecodeReport) -> None:
         """The scheduler finished ``rid`` before its receive was reported (abort, or the
@@ -313,6 +373,9 @@ class DecodeSide:
             except UnknownRequestError:
                 self._end(rid)
                 return False
+            # The scheduler keeps it waiting (and heartbeating) until the release: given
+            # up here, its producer is told at the next step.
+            self._give_up(rid, self._cancels)
         self._fence(rid, "held")
         self._outcome.setdefault(rid, {"outcome": "failed_by_vllm", "decided_ms": self._now})
         return True
@@ -320,7 +383,8 @@ class DecodeSide:
     def step(self) -> DecodeReport:
         """One engine step: the decisions the writer thread's notices made ready, the
         producers reported lost, then the clock (deadlines, settle and quarantine ends)."""
-        report = DecodeReport()
+        report = DecodeReport(cancelled=self._cancels)
+        self._cancels = []
         completed, others = self.ledger.poll_split()
         for rid in completed:
             self._completed(rid, report)
@@ -372,6 +436,7 @@ class DecodeSide:
             report.count(f"decisions_{kind}")
             self._decided(rid, d)
             if phase == "waiting":
+                self._give_up(rid, report.cancelled if kind == "expired" else None)
                 self._fence(rid, "failed")
             if kind == "failed":
                 report.failed += 1
@@ -385,10 +450,30 @@ class DecodeSide:
             report.count("decisions_aborted")
             self._decided(rid, d)
             if phase == "waiting":
+                self._give_up(rid, report.cancelled)
                 self._fence(rid, "aborted")
         elif kind == "released":
             how = "forced" if d.forced else "settled" if phase == "failed" else "resolved"
             self._released(rid, block_groups(d.blocks), report, how, d.record)
+
+    def _give_up(self, rid: str, cancels: list[tuple[str, str]] | None) -> None:
+        """``rid`` stops waiting: no ``PUSH_REG`` leaves for it from now on, no heartbeat
+        names it. ``cancels``: it was given up (aborted, expired, failed by vLLM), so its
+        producer is owed a cancel, put there (a failure needs none: every write
+        resolved)."""
+        self._close(rid)
+        producer = self._producer_of.pop(rid, None)
+        if producer is not None:
+            self._silenced[producer[1]] = producer[0]
+            if cancels is not None:
+                cancels.append((producer[0], rid))
+
+    def _close(self, rid: str) -> None:
+        """No ``PUSH_REG`` leaves for ``rid`` from now on, if one was to carry a lifetime."""
+        if self._lifetime_end.pop(rid, None) is not None:
+            self._closed[rid] = None
+            while len(self._closed) > _CLOSED_KEPT:
+                self._closed.popitem(last=False)
 
     def _completed(self, rid: str, report: DecodeReport) -> None:
         phase = self._phase.get(rid)
@@ -464,6 +549,8 @@ class DecodeSide:
 
     def _end(self, rid: str) -> None:
         self._tracked_at.pop(rid, None)
+        self._close(rid)
+        self._producer_of.pop(rid, None)
         if self._phase.pop(rid) == "waiting":
             del self._waiting_since[rid]
             self._blocks.pop(rid)

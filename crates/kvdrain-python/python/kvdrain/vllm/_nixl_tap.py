@@ -4,8 +4,9 @@ vLLM's own loops (the writer thread, the heartbeats, the registration send, the 
 polls) run unchanged over :class:`NixlTap`; each call the plugin needs to see is passed
 to the real agent and reported on the way:
 
-* ``get_new_notifs``: the batch goes to the ledger, dated now; vLLM gets back only the
-  producer-bound messages (``PUSH_REG:``, ``HB:``) it handles itself;
+* ``get_new_notifs``: the batch goes to the ledger, dated now; the producer-bound
+  messages go to the prefill side, dated at the previous drain's start; vLLM gets back
+  those it handles itself (``PUSH_REG:``, ``HB:``);
 * ``send_notif``: a send that raises reports its agent lost (``gone``), then raises on to
   vLLM's own handling;
 * ``check_xfer_state`` and ``release_xfer_handle``: each WRITE's state, final once the
@@ -75,7 +76,9 @@ class NixlTap:
         return timed
 
     def get_new_notifs(self) -> dict[str, list[bytes]]:
-        return self._decode.feed(self._get_new_notifs())
+        arrived_after = self._prefill.drain_begins()
+        back = self._decode.feed(self._get_new_notifs())
+        return self._prefill.feed(back, arrived_after)
 
     def send_notif(self, remote_agent_name: str | bytes, *args: Any, **kwargs: Any) -> Any:
         try:

@@ -13,8 +13,21 @@ what to send and which source blocks are free.
   request is retired and never posts again (catalogue F4: a deferred push drained after
   the blocks were freed would write another request's KV with a success status).
 * The producer does not evict a consumer engine it still writes to.
+* A consumer's registration lives for the ``kvdrain_lifetime_ms`` its ``PUSH_REG``
+  carries, from when it arrived: dated at the start of the previous drain of NIXL's
+  notifications (:meth:`PrefillSide.drain_begins`), since it was not there yet when that
+  drain began, so a writer thread that drains late never makes a registration look
+  younger than it is. A ``PUSH_CANCEL:`` from the consumer ends it at once. A WRITE
+  for a registration that ended is not posted (:meth:`PrefillSide.alive`, asked when
+  the registration is matched and again before each post); a WRITE posted already runs
+  to its end and is reported as usual. Each consumer rank it would have written owes
+  the ``PUSH_FAIL`` of a WRITE not posted: a consumer that still waits fails now
+  instead of at its deadline, one that gave up may release its blocks before its
+  quarantine ends, and one that forgot the request drops it as late. A ``PUSH_REG``
+  without the key (vLLM's own decode side) has no lifetime.
 
-Threads: the writer thread posts (:meth:`PrefillSide.begin`, :meth:`PrefillSide.posted`);
+Threads: the writer thread posts (:meth:`PrefillSide.begin`, :meth:`PrefillSide.posted`)
+and drains (:meth:`PrefillSide.drain_begins`, :meth:`PrefillSide.feed`);
 the engine thread polls (:meth:`PrefillSide.observed`, :meth:`PrefillSide.handle_released`,
 :meth:`PrefillSide.release_sources`). One lock guards the state; nothing is sent under it.
 """
@@ -23,13 +36,22 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal
 
-from kvdrain._kvdrain import PushPlan
+import msgspec
+
+from kvdrain._kvdrain import PushPlan, parse_cancel
 from kvdrain.vllm._settings import Settings
 
-__all__ = ["Outcome", "PrefillSide"]
+__all__ = ["LIFETIME_KEY", "Outcome", "PrefillSide"]
+
+LIFETIME_KEY = "kvdrain_lifetime_ms"
+"""The ``PUSH_REG`` map key with what is left of the registration's lifetime (ms) when
+the consumer sent it. vLLM decodes the map into a plain ``dict`` and reads only the keys
+it knows, so a vLLM producer ignores it."""
+
+_PUSH_REG = b"PUSH_REG:"
 
 Outcome = Literal["landed", "error", "unknown"]
 """A WRITE's end as NIXL tells it: ``DONE``; a backend error (nothing more of it lands);
@@ -38,8 +60,16 @@ Outcome = Literal["landed", "error", "unknown"]
 Owed = list[tuple[str, bytes]]
 """``PUSH_FAIL`` notices to send: (consumer agent, message)."""
 
-# Retired requests remembered, oldest forgotten first: far more than are in flight.
+# Retired requests (and registrations' ends) remembered, oldest forgotten first: far more
+# than are in flight.
 _RETIRED_KEPT = 65_536
+
+
+def _remember(table: OrderedDict[str, int], key: str, value: int) -> None:
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > _RETIRED_KEPT:
+        table.popitem(last=False)
 
 
 class PrefillSide:
@@ -56,6 +86,73 @@ class PrefillSide:
         self._held: dict[str, int] = {}  # request -> latest release time (ms)
         self._retired: OrderedDict[str, None] = OrderedDict()
         self._owed: Owed = []
+        # Consumer request -> when its registration ends (ms); -1: cancelled.
+        self._ends: OrderedDict[str, int] = OrderedDict()
+        self._drain_began = 0  # the start of the latest drain of NIXL's notifications
+
+    # -- writer thread: registrations --------------------------------------------------- #
+
+    def drain_begins(self) -> int:
+        """The writer thread is about to drain NIXL's notifications; returns when the
+        drain before it began (what :meth:`feed` dates this drain's messages at)."""
+        now = self._now_ms()
+        with self._lock:
+            before, self._drain_began = self._drain_began, now
+        return before
+
+    def feed(
+        self, batch: Mapping[str, list[bytes]], arrived_after_ms: int
+    ) -> dict[str, list[bytes]]:
+        """The producer-bound messages of one drain, which arrived after
+        ``arrived_after_ms``: each ``PUSH_REG`` with a lifetime is dated then, each
+        ``PUSH_CANCEL:`` ends its registration and is taken out; the rest go on to
+        vLLM."""
+        out: dict[str, list[bytes]] = {}
+        for agent, messages in batch.items():
+            kept: list[bytes] = []
+            for message in messages:
+                rid = parse_cancel(message)
+                if rid is not None:
+                    with self._lock:
+                        _remember(self._ends, rid, -1)
+                    continue
+                if message.startswith(_PUSH_REG):
+                    self._date(message, arrived_after_ms)
+                kept.append(message)
+            if kept:
+                out[agent] = kept
+        return out
+
+    def alive(self, d_rid: str) -> bool:
+        """Whether a WRITE into consumer request ``d_rid`` may still be posted: not
+        cancelled, and within its registration's lifetime (if it has one)."""
+        now = self._now_ms()
+        with self._lock:
+            end = self._ends.get(d_rid)
+        return end is None or now < end
+
+    def dropped(self, plan: PushPlan) -> Owed:
+        """A registration that ended before its WRITEs were posted: ``plan``'s ranks are
+        owed the ``PUSH_FAIL`` of a WRITE not posted."""
+        plan.retire()
+        return plan.take_owed_notices()
+
+    def _date(self, message: bytes, arrived_after_ms: int) -> None:
+        try:
+            fields = msgspec.msgpack.decode(message[len(_PUSH_REG) :])
+        except msgspec.DecodeError:
+            return  # vLLM logs and drops it
+        if not isinstance(fields, dict):
+            return
+        rid, left = fields.get("request_id"), fields.get(LIFETIME_KEY)
+        if not isinstance(rid, str) or isinstance(left, bool) or not isinstance(left, int):
+            return
+        end = arrived_after_ms + max(0, left)
+        with self._lock:
+            # Each consumer rank registers; the earliest end holds for all.
+            before = self._ends.get(rid)
+            if before is None or (before != -1 and end < before):
+                _remember(self._ends, rid, end)
 
     # -- writer thread ---------------------------------------------------------------- #
 

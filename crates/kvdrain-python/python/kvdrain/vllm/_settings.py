@@ -13,7 +13,7 @@ from kvdrain._errors import ConfigError
 from kvdrain.vllm._nixl_sync import NIXL_SYNC_MODES
 from kvdrain.vllm._nixl_watch import STACK_TOOLS
 
-__all__ = ["Settings", "settings_from_extra_config"]
+__all__ = ["Settings", "check_windows", "settings_from_extra_config"]
 
 # vLLM 0.33's own defaults for the knobs the plugin derives from.
 VLLM_LEASE_S = 30
@@ -47,6 +47,13 @@ class Settings:
     :mod:`kvdrain.vllm._nixl_watch`. ``nixl_stack_tools``: the tools tried, in order, for
     that line's native stacks (``kvdrain_nixl_stack_tools``, ``"py-spy,gdb"``; ``""``:
     Python stacks only).
+    ``lease_ms``: the producers' ``kv_lease_duration``.
+    ``margin_ms``: what the quarantine keeps beyond the last moment a producer may post
+    (``kvdrain_margin_ms``, 1 000): a message's transit from this node to a producer,
+    and a WRITE posted at that last moment landing.
+    ``registration_lifetime_ms``: how long a producer may act on this node's
+    ``PUSH_REG`` (``kvdrain_registration_lifetime_ms``); ``None``, the default, gives
+    :attr:`lifetime_ms`.
     """
 
     deadline_ms: int
@@ -59,6 +66,18 @@ class Settings:
     nixl_sync: str = "strict"
     nixl_stall_ms: int = 5_000
     nixl_stack_tools: tuple[str, ...] = STACK_TOOLS
+    lease_ms: int = VLLM_LEASE_S * 1000
+    margin_ms: int = 1_000
+    registration_lifetime_ms: int | None = None
+
+    @property
+    def lifetime_ms(self) -> int:
+        """How long a producer may act on a ``PUSH_REG`` of this node, from when it was
+        registered here: ``registration_lifetime_ms``, else the deadline, cut to what
+        the quarantine covers (``quarantine_ms - margin_ms``)."""
+        if self.registration_lifetime_ms is not None:
+            return self.registration_lifetime_ms
+        return max(0, min(self.deadline_ms, self.quarantine_ms - self.margin_ms))
 
 
 def _int(extra: Mapping[str, Any], key: str, default: int) -> int:
@@ -103,7 +122,8 @@ def settings_from_extra_config(extra: Mapping[str, Any] | None) -> Settings:
     """The settings for ``kv_connector_extra_config`` ``extra`` (``None``: defaults).
 
     Raises :class:`~kvdrain.ConfigError` for a value that is not a non-negative number,
-    a quarantine at or below the producers' lease, or an unknown ``kvdrain_nixl_sync``.
+    a quarantine that leaves a window (:func:`check_windows`), or an unknown
+    ``kvdrain_nixl_sync``.
     """
     extra = extra or {}
     lease_s = _int(extra, "kv_lease_duration", VLLM_LEASE_S)
@@ -120,14 +140,56 @@ def settings_from_extra_config(extra: Mapping[str, Any] | None) -> Settings:
         nixl_sync=_choice(extra, "kvdrain_nixl_sync", tuple(NIXL_SYNC_MODES), Settings.nixl_sync),
         nixl_stall_ms=_int(extra, "kvdrain_nixl_stall_ms", 5_000),
         nixl_stack_tools=_tools(extra, "kvdrain_nixl_stack_tools", STACK_TOOLS),
+        lease_ms=lease_s * 1000,
+        margin_ms=_int(extra, "kvdrain_margin_ms", 1_000),
+        registration_lifetime_ms=(
+            None
+            if extra.get("kvdrain_registration_lifetime_ms") is None
+            else _int(extra, "kvdrain_registration_lifetime_ms", 0)
+        ),
     )
-    if settings.quarantine_ms <= lease_s * 1000:
-        raise ConfigError(
-            f"kvdrain_quarantine_ms={settings.quarantine_ms} must be above the producers' "
-            f"kv_lease_duration ({lease_s} s): a producer may write until its lease ends"
-        )
+    check_windows(settings)
     if settings.record_files == 0:
         raise ConfigError("kvdrain_record_files must be at least 1")
     if settings.deadline_ms == 0 or settings.capacity == 0:
         raise ConfigError("kvdrain_deadline_ms and kvdrain_capacity must be at least 1")
     return settings
+
+
+def check_windows(settings: Settings) -> None:
+    """Raises :class:`~kvdrain.ConfigError` where a producer could still post after the
+    quarantine of a request this node gave up has ended:
+
+    * ``quarantine_ms >= lease_ms + margin_ms``: a producer holds its source blocks, and
+      may post, until its lease ends. The lease runs from its prefill's end or, extended
+      by a heartbeat, two thirds of a lease from when the heartbeat arrived; this node
+      sends no heartbeat for a receive it has decided, so the last one leaves before the
+      decision, whatever the heartbeat interval and however long a step pauses. Both
+      ends fall at most a lease after the decision.
+    * ``quarantine_ms >= lifetime_ms + margin_ms`` and ``lifetime_ms >= 1``: a producer
+      running the plugin acts on a ``PUSH_REG`` for its lifetime at most, counted from
+      the receive's registration here (the quarantine of an abort right after it ends
+      ``quarantine_ms`` later).
+    """
+    q, margin = settings.quarantine_ms, settings.margin_ms
+    if q < settings.lease_ms + margin:
+        raise ConfigError(
+            f"kvdrain_quarantine_ms={q} leaves a window: it must be at least the "
+            f"producers' kv_lease_duration ({settings.lease_ms} ms) plus kvdrain_margin_ms "
+            f"({margin} ms), since a producer may post until its lease ends and a "
+            "heartbeat sent just before a receive's deadline extends that lease by two "
+            "thirds of it"
+        )
+    lifetime = settings.lifetime_ms
+    if lifetime < 1:
+        raise ConfigError(
+            f"the registration lifetime is {lifetime} ms: kvdrain_quarantine_ms ({q}) must "
+            f"exceed kvdrain_margin_ms ({margin}), and "
+            "kvdrain_registration_lifetime_ms must be at least 1"
+        )
+    if q < lifetime + margin:
+        raise ConfigError(
+            f"kvdrain_quarantine_ms={q} leaves a window: it must be at least "
+            f"kvdrain_registration_lifetime_ms ({lifetime}) plus kvdrain_margin_ms "
+            f"({margin}), since a producer may act on a registration for its lifetime"
+        )

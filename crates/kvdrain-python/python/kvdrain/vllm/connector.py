@@ -19,7 +19,8 @@ vLLM's constructor runs (:mod:`kvdrain.vllm._nixl_sync`).
 * decode: :class:`~kvdrain.vllm._decode.DecodeSide` (the ledger; the one mapping of its
   decisions to vLLM's reports, and the rules for refusals and vLLM's own failures);
 * prefill: :class:`~kvdrain.vllm._prefill.PrefillSide` (a ``PushPlan`` per request: owed
-  ``PUSH_FAIL``, source blocks, retired requests);
+  ``PUSH_FAIL``, source blocks, retired requests; each registration's lifetime and
+  cancel);
 * scheduler: :class:`~kvdrain.vllm._scheduler.KvdrainPushScheduler` (receives that finish
   early, admission by ``kvdrain_capacity``).
 
@@ -63,7 +64,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (  # n
 )
 
 from kvdrain._errors import ConfigError  # noqa: E402
-from kvdrain._kvdrain import PushPlan  # noqa: E402
+from kvdrain._kvdrain import PushPlan, encode_cancel  # noqa: E402
 from kvdrain.vllm._decode import (  # noqa: E402
     DecodeReport,
     DecodeSide,
@@ -75,7 +76,7 @@ from kvdrain.vllm._metrics import KvdrainPromMetrics, KvdrainStats  # noqa: E402
 from kvdrain.vllm._nixl_sync import agent_sync  # noqa: E402
 from kvdrain.vllm._nixl_tap import NixlTap, agent_name  # noqa: E402
 from kvdrain.vllm._nixl_watch import CallWatch  # noqa: E402
-from kvdrain.vllm._prefill import PrefillSide  # noqa: E402
+from kvdrain.vllm._prefill import LIFETIME_KEY, PrefillSide  # noqa: E402
 from kvdrain.vllm._scheduler import KvdrainConnectorMetadata, KvdrainPushScheduler  # noqa: E402
 from kvdrain.vllm._settings import Settings, settings_from_extra_config  # noqa: E402
 
@@ -159,7 +160,9 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
                 groups = block_groups(meta.local_block_ids)
                 if any(groups):
                     expect = self._kvdrain_expect(meta, agents)
-                    done = decode.register(rid, groups, expect, report)
+                    remote = meta.remote
+                    producer = None if remote is None else (remote.engine_id, remote.request_id)
+                    done = decode.register(rid, groups, expect, report, producer)
                     if done in ("refused", "held"):
                         refused[rid] = done
         if refused and metadata.push_registrations:
@@ -175,6 +178,30 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             if done == "refused":
                 self._failed_recv_reqs.put(rid)  # nothing written: vLLM fails it now
         self._kvdrain_tell(report)
+
+    def _send_heartbeats(self, metadata: NixlConnectorMetadata) -> None:
+        beats = metadata.heartbeat_by_engine
+        kept = {}
+        for engine, info in beats.items():
+            ids = self.kvdrain_decode.beats(engine, info.req_ids)
+            if len(ids) == len(info.req_ids):
+                kept[engine] = info
+            elif ids:
+                kept[engine] = copy.copy(info)
+                kept[engine].req_ids = set(ids)
+        if len(kept) != len(beats) or any(kept[e] is not beats[e] for e in kept):
+            metadata = copy.copy(metadata)  # vLLM's own object stays as it built it
+            metadata.heartbeat_by_engine = kept
+        super()._send_heartbeats(metadata)
+
+    def _do_send_reg_notif(self, req_id: str, reg_data: dict[str, Any]) -> None:
+        left = self.kvdrain_decode.lifetime_left_ms(req_id)
+        if left is None:
+            super()._do_send_reg_notif(req_id, reg_data)
+        elif left > 0:
+            super()._do_send_reg_notif(req_id, {**reg_data, LIFETIME_KEY: left})
+        else:
+            logger.info("kvdrain: PUSH_REG for %s not sent: the receive ended first", req_id)
 
     def get_transfer_results(self) -> KVConnectorTransferResults:
         self._kvdrain_tell(self.kvdrain_decode.step())
@@ -231,6 +258,21 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             self.xfer_stats.record_notification_after_expiry()
         if report.counts:
             self.xfer_stats.record_counts(report)
+        for engine, rid in report.cancelled:
+            with self._handshake_lock:
+                agents = list((self._remote_agents.get(engine) or {}).values())
+            message = encode_cancel(rid)
+            for agent in agents:
+                try:
+                    self.nixl_wrapper.send_notif(agent, notif_msg=message)
+                except Exception as e:
+                    self.xfer_stats.record_failed_notification()
+                    self._log_failure(
+                        failure_type="push_cancel_notif_failed",
+                        req_id=rid,
+                        error=e,
+                        remote_agent_name=agent,
+                    )
 
     def _kvdrain_expect(
         self, meta: Any, agents_of: dict[str, dict[tuple[int, int], Any]]
@@ -262,14 +304,11 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
 
     # -- prefill side ----------------------------------------------------------------- #
 
-    def _xfer_blocks_for_req(self, req_id: str, meta: Any) -> None:
-        assert meta.remote is not None and self.transfer_topo is not None
-        engine_id = meta.remote.engine_id
-        d_tp = self.transfer_topo.get_engine_info(engine_id).remote_tp_size
+    def _kvdrain_plan(self, d_rid: str, engine_id: str, d_tp: int) -> PushPlan:
         with self._handshake_lock:
             agents = dict(self._remote_agents.get(engine_id) or {})
-        plan = PushPlan(
-            meta.remote.request_id,
+        return PushPlan(
+            d_rid,
             p_tp=self.world_size,
             d_tp=d_tp,
             d_agents=[
@@ -278,6 +317,38 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             tp_rank=self.tp_rank,
             mla=bool(self.use_mla),
         )
+
+    def _do_start_push_kv(
+        self, request_id: str, local_block_ids: Any, registration_data: dict[str, Any]
+    ) -> None:
+        # vLLM calls this when it matches a registration, and again once a deferred
+        # handshake is done: a registration that ended is not acted on.
+        d_rid = registration_data.get("request_id")
+        if not isinstance(d_rid, str) or self.kvdrain_prefill.alive(d_rid):
+            super()._do_start_push_kv(request_id, local_block_ids, registration_data)
+            return
+        logger.warning(
+            "kvdrain: push of %s not posted: the registration of %s ended (lifetime or "
+            "cancel)",
+            request_id,
+            d_rid,
+        )
+        try:
+            plan = self._kvdrain_plan(
+                d_rid,
+                registration_data["decode_engine_id"],
+                registration_data["decode_tp_size"],
+            )
+        except Exception:  # noqa: BLE001 - a registration vLLM would refuse owes nothing
+            logger.debug("kvdrain: no plan for %s", request_id, exc_info=True)
+            return
+        self._kvdrain_send(self.kvdrain_prefill.dropped(plan))
+
+    def _xfer_blocks_for_req(self, req_id: str, meta: Any) -> None:
+        assert meta.remote is not None and self.transfer_topo is not None
+        engine_id = meta.remote.engine_id
+        d_tp = self.transfer_topo.get_engine_info(engine_id).remote_tp_size
+        plan = self._kvdrain_plan(meta.remote.request_id, engine_id, d_tp)
         if not self.kvdrain_prefill.begin(req_id, engine_id, plan):
             logger.warning(
                 "kvdrain: push of %s not posted: its source blocks were released", req_id
@@ -298,6 +369,18 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         local_xfer_side_handle: int,
         remote_xfer_side_handle: int,
     ) -> int | None:
+        if not self.kvdrain_prefill.alive(remote_request_id):
+            # The registration ended since it was matched: not posted, owed as such.
+            logger.warning(
+                "kvdrain: WRITE of %s to rank %d not posted: the registration of %s ended",
+                request_id,
+                read_spec.remote_rank,
+                remote_request_id,
+            )
+            self._kvdrain_send(
+                self.kvdrain_prefill.posted(request_id, read_spec.remote_rank, None)
+            )
+            return None
         handle: int | None = super()._xfer_blocks(
             read_spec=read_spec,
             dst_engine_id=dst_engine_id,
