@@ -384,9 +384,10 @@ class DecodeEngine:
         settings: Settings | None = None,
         p_agents: dict[tuple[int, int], str] | None = None,
         extra: dict[str, Any] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.which = which
-        self.clock = Clock()
+        self.clock = clock or Clock()
         self.scheduler = make_scheduler(which, tp=tp, policy=policy, extra=extra)
         cfg = self.scheduler.vllm_config
         agents = p_agents or {(0, r): f"P{r}" for r in range(p_tp)}
