@@ -51,6 +51,8 @@ from pd_world import (
     writer_pass,
 )
 
+from kvdrain import ConfigError
+
 TICK_MS = 50
 TAIL_TICK_MS = 250
 LATENCY_MS = 5  # a notice's transit, unless the scenario delays a PUSH_REG
@@ -271,6 +273,8 @@ class Result:
     which: str
     violations: Counter[str]
     notes: list[str]
+    late_rids: set[str] = field(default_factory=set)  # requests with a block landed late
+    refused: bool = False  # the connector refused the scenario's settings at load
 
 
 @dataclass
@@ -295,6 +299,7 @@ def run(sc: Scenario, which: str) -> Result:
     viol: Counter[str] = Counter()
     notes: list[str] = []
     books = _Books()
+    late_rids: set[str] = set()
     by_rid = {r.rid: r for r in sc.reqs}
 
     def flag(kind: str, why: str) -> None:
@@ -322,10 +327,14 @@ def run(sc: Scenario, which: str) -> Result:
 
     with virtual_time(clock):
         net = Net(clock, latency_ms=latency, write_plan=write_plan)
-        dec = build_decode(which, d_tp=sc.d_tp, p_tp=sc.p_tp, timing=sc.timing, net=net, clock=clock)
-        pre, handshakes = build_prefill(
-            which, p_tp=sc.p_tp, d_tp=sc.d_tp, timing=sc.timing, net=net, clock=clock, handshake_ms=sc.handshake_ms
-        )
+        try:
+            dec = build_decode(which, d_tp=sc.d_tp, p_tp=sc.p_tp, timing=sc.timing, net=net, clock=clock)
+            pre, handshakes = build_prefill(
+                which, p_tp=sc.p_tp, d_tp=sc.d_tp, timing=sc.timing, net=net, clock=clock, handshake_ms=sc.handshake_ms
+            )
+        except ConfigError as refusal:
+            # The connector refuses these settings at load: nothing runs, nothing to judge.
+            return Result(sc, which, Counter(), [f"refused at load: {refusal}"], refused=True)
 
         def on_land(land: Land) -> None:
             w, b = land.write, land.block
@@ -334,6 +343,7 @@ def run(sc: Scenario, which: str) -> Result:
                 return
             gone = books.d_gone.get((w.rid, b))
             if gone is not None and gone < land.t:
+                late_rids.add(w.rid)
                 flag(
                     "late_land",
                     f"{w.rid} P{w.p_rank}->D{w.d_rank} block {b} landed at {at(land.t)} ms, "
@@ -466,7 +476,7 @@ def run(sc: Scenario, which: str) -> Result:
             flag("hang", f"{e.name} still holds {rid} ({e.status(rid)}) at the end")
         if e.free_blocks() != e.total_blocks:
             flag("leak", f"{e.name}: {e.total_blocks - e.free_blocks()} block(s) not back at the end")
-    return Result(sc, which, viol, notes)
+    return Result(sc, which, viol, notes, late_rids)
 
 
 class Summary:
@@ -474,12 +484,14 @@ class Summary:
 
     def __init__(self) -> None:
         self.rows: dict[tuple[str, str], tuple[int, Counter[str]]] = {}
+        self.refused: dict[tuple[str, str], int] = {}
 
     def record(self, which: str, kind: str, results: tuple[Result, ...]) -> None:
         c: Counter[str] = Counter()
         for r in results:
             c.update(r.violations)
         self.rows[(which, kind)] = (len(results), c)
+        self.refused[(which, kind)] = sum(r.refused for r in results)
 
     def lines(self) -> list[str]:
         if not self.rows:
@@ -492,7 +504,9 @@ class Summary:
         ]
         for (which, kind), (n, c) in sorted(self.rows.items()):
             body = ", ".join(f"{k}={v}" for k, v in sorted(c.items())) or "none"
-            out.append(f"  {which:>8} {kind:<5} {n:>4} scenarios, {sum(c.values())} violations: {body}")
+            refused = self.refused.get((which, kind), 0)
+            note = f" ({refused} refused at load)" if refused else ""
+            out.append(f"  {which:>8} {kind:<5} {n:>4} scenarios{note}, {sum(c.values())} violations: {body}")
         return out
 
 
