@@ -156,8 +156,8 @@ mypy-vllm: vllm
 
 ## The connector plugin (kvdrain.vllm.connector) on release VLLM's real scheduler and push
 ## worker classes, every scenario through the plugin and through vLLM's own connector
-## (directed cases, the randomized check with its oracle, the metrics' scrape, the version
-## gate); mypy over the vLLM suites first.
+## (directed cases, the randomized check with its oracle, the prefill+decode randomized
+## check, the metrics' scrape, the version gate); mypy over the vLLM suites first.
 test-vllm: vllm mypy-vllm
 	cd $(PY) && ../../$(VLLM_VENV)/bin/python -m pytest -q tests/vllm
 

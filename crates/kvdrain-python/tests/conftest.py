@@ -1,6 +1,6 @@
 """What the suites share (``unit/`` in ``.venv``; ``vllm/``, ``vllm_e2e/`` and
 ``nixl_threads/`` in ``.venv-vllm``, with ``vllm_cpu`` beside this file): a fake monotonic
-clock, the vLLM suites' warning filters, and the randomized check's figures, the
+clock, the vLLM suites' warning filters, and the randomized checks' figures, the
 multi-rank end-to-end table and the NIXL thread reproduction's figures in pytest's
 terminal summary (visible with ``-q`` too)."""
 
@@ -42,6 +42,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if oracle is not None and oracle.SUMMARY.rows:
         terminalreporter.section("kvdrain randomized check")
         for line in oracle.SUMMARY.lines():
+            terminalreporter.write_line(line)
+    pd = sys.modules.get("pd_oracle")  # vllm/test_randomized_pd.py
+    if pd is not None and pd.SUMMARY.rows:
+        terminalreporter.section("kvdrain prefill+decode randomized check")
+        for line in pd.SUMMARY.lines():
             terminalreporter.write_line(line)
     topo = sys.modules.get("topo")  # tests/vllm_e2e/test_topologies.py
     if topo is not None and topo.SUMMARY.rows:

@@ -405,9 +405,10 @@ class DecodeEngine:
         p_agents: dict[tuple[int, int], str] | None = None,
         extra: dict[str, Any] | None = None,
         max_inflight_kv_loads: int | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.which = which
-        self.clock = Clock()
+        self.clock = clock or Clock()
         self.scheduler = make_scheduler(
             which, tp=tp, policy=policy, extra=extra, max_inflight_kv_loads=max_inflight_kv_loads
         )
