@@ -254,7 +254,7 @@ pub use engine::Engine;
 pub use error::{AbortError, ClockError, IgnoreReason, Ignored, RegisterError, RegisterErrorKind};
 pub use ingest::{Ingest, Noticed};
 pub use ledger::Ledger;
-pub use record::{EdgeOutcome, Ended, FailureCause, Record, Recorded, RecordedEdges};
+pub use record::{EdgeOutcome, Ended, FailureCause, Record, Recorded, RecordedEdges, Split};
 pub use ticket::{
     AgentId, BlockHandle, Decision, Drained, Expect, Failed, Outstanding, Pending, QuarantineCause,
     Quarantined, Registration, Released, RequestKey,

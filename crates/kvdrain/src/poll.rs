@@ -5,7 +5,7 @@
 
 use crate::Engine;
 use crate::decided::Kind;
-use crate::record::Recorded;
+use crate::record::{Recorded, Split};
 use crate::state_word::{Phase, Snapshot};
 use crate::sync::Ordering;
 use crate::ticket::{
@@ -88,6 +88,31 @@ impl<const N: usize, const E: usize> Engine<'_, N, E> {
     pub fn poll_recorded(&mut self) -> Option<Recorded<E>> {
         let decision = self.poll_decision()?;
         Some(self.recorded(decision))
+    }
+
+    /// [`poll_decision`](Self::poll_decision), opt-in, for a caller that wants the record
+    /// of every decision but a completion: a `Completed` comes out as it does there, with
+    /// no record built (the fast path), and any other decision with its record, as
+    /// [`poll_recorded`](Self::poll_recorded) gives it.
+    ///
+    /// ```
+    /// # use kvdrain::{AgentId, BlockHandle, Config, Decision, EdgeOutcome, Expect, Ledger, Registration, Split};
+    /// let mut ledger: Ledger<16, 2> = Ledger::new(Config::with_capacity(16));
+    /// # for id in ["a", "b"] { let _ = ledger.register(Registration { id, blocks: BlockHandle(1),
+    /// #     expect: Expect::Edges(&[AgentId(0)]), deadline: None }).unwrap(); }
+    /// let (mut ingest, mut engine) = ledger.split();
+    /// let _ = ingest.handle_notification(AgentId(0), b"a:1");
+    /// let _ = ingest.handle_notification(AgentId(0), b"PUSH_FAIL:b:1");
+    /// assert!(matches!(engine.poll_split(), Some(Split::Completed(_))));
+    /// let Some(Split::Other(failed)) = engine.poll_split() else { panic!() };
+    /// assert_eq!(failed.record.edges.named(), &[(AgentId(0), EdgeOutcome::FailureNotice)]);
+    /// ```
+    #[inline(always)]
+    pub fn poll_split(&mut self) -> Option<Split<E>> {
+        match self.poll_decision()? {
+            Decision::Completed(done) => Some(Split::Completed(done)),
+            other => Some(Split::Other(self.recorded(other))),
+        }
     }
 
     /// The next decision [`drain_queued`](Self::drain_queued) would hand out, with its

@@ -32,7 +32,7 @@ use crate::Engine;
 use crate::owner::{History, HistoryFlags};
 use crate::stamp;
 use crate::sync::Ordering;
-use crate::ticket::{AgentId, Decision, RequestKey};
+use crate::ticket::{AgentId, Decision, Drained, RequestKey};
 use crate::time::Instant;
 
 /// How a named edge stands: outstanding, or how it ended. The cause is the one the
@@ -222,6 +222,18 @@ pub struct Recorded<const E: usize> {
     pub decision: Decision,
     /// What the ledger knows of its request, as the decision was handed out.
     pub record: Record<E>,
+}
+
+/// What [`Engine::poll_split`] hands out: a completion bare, any other decision with its
+/// record.
+#[derive(PartialEq, Eq, Debug)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[must_use = "a decision carries blocks or an outcome the engine must act on"]
+pub enum Split<const E: usize> {
+    /// Every edge landed: the blocks go to decode. No record is built.
+    Completed(Drained),
+    /// Any other decision, with its request's record.
+    Other(Recorded<E>),
 }
 
 impl<const N: usize, const E: usize> Engine<'_, N, E> {

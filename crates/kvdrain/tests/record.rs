@@ -5,7 +5,7 @@
 
 use kvdrain::{
     AgentId, BlockHandle, Config, Decision, Duration, EdgeOutcome, Ended, Expect, FailureCause,
-    Instant, Ledger, Record, RecordedEdges, Recorded, Registration, RequestKey,
+    Instant, Ledger, Record, Recorded, RecordedEdges, Registration, RequestKey,
 };
 
 const P0: AgentId = AgentId(0);
@@ -323,7 +323,10 @@ fn the_first_resolution_keeps_its_cause() {
     assert!(l.handle_notification(P1, b"PUSH_FAIL:b:2").is_err());
     assert_eq!(l.fence(P0), 2);
     let d = decide(&mut l);
-    let causes: Vec<_> = d.iter().map(|(w, r)| (*w, named(r.edges.named()))).collect();
+    let causes: Vec<_> = d
+        .iter()
+        .map(|(w, r)| (*w, named(r.edges.named())))
+        .collect();
     assert_eq!(
         causes[..2],
         [
