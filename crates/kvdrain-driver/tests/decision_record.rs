@@ -228,10 +228,7 @@ fn a_gone_after_the_notice_leaves_the_notice_as_the_cause() {
     }
     let failed = only(r.poll(30));
     let rec = failed.record();
-    assert_eq!(
-        edges(rec)[1],
-        ("p1", EdgeOutcome::FailureNotice)
-    );
+    assert_eq!(edges(rec)[1], ("p1", EdgeOutcome::FailureNotice));
     assert_eq!((rec.failure_notice_at, rec.gone_at), (Some(at(10)), None));
     assert_eq!(rec.first_failure, Some(FailureCause::Notice(at(10))));
 }
@@ -249,10 +246,7 @@ fn two_failure_notices_name_both_edges_and_keep_the_last_time() {
     let failed = only(r.poll(20));
     let rec = failed.record();
     let notice = EdgeOutcome::FailureNotice;
-    assert_eq!(
-        edges(rec)[..2],
-        [("p0", notice), ("p1", notice)]
-    );
+    assert_eq!(edges(rec)[..2], [("p0", notice), ("p1", notice)]);
     assert_eq!(rec.failure_notice_at, Some(at(20)), "the last one");
     assert_eq!(rec.first_failure, Some(FailureCause::Notice(at(20))));
 }
@@ -279,11 +273,7 @@ fn expired_then_forced_names_the_agent_that_still_owed() {
     );
     for e in [&expired, &forced] {
         let rec = e.record();
-        assert_eq!(
-            edges(rec)[3],
-            ("p3", EdgeOutcome::Outstanding),
-            "{e:?}"
-        );
+        assert_eq!(edges(rec)[3], ("p3", EdgeOutcome::Outstanding), "{e:?}");
         assert_eq!(rec.ended, Some((Ended::Expired, at(1_000))));
         assert_eq!(rec.first_failure, Some(FailureCause::Expired(at(1_000))));
         assert_eq!(rec.decided_at, None);
@@ -339,10 +329,7 @@ fn a_record_outlives_the_slot_it_was_read_from() {
     }
     let rec = released.record();
     assert_eq!(released.request().id, "a");
-    assert_eq!(
-        edges(rec)[0],
-        ("p0", EdgeOutcome::FailureNotice)
-    );
+    assert_eq!(edges(rec)[0], ("p0", EdgeOutcome::FailureNotice));
     assert_eq!(rec.failure_notice_at, Some(at(10)));
     assert_eq!(rec.released, Some((at(110), false)));
     assert_eq!(failed.record().key, rec.key);

@@ -59,7 +59,7 @@ impl EdgeCause {
 }
 
 // The flags sit below the generation tag, and a notice sets the bits it always set.
-const _: () = assert!((RESOLVED | CAUSE_MASK) < 1 << EDGE_GEN_SHIFT);
+const _: () = assert!(CAUSE_SHIFT + 2 == EDGE_GEN_SHIFT && RESOLVED < 1 << CAUSE_SHIFT);
 const _: () = assert!(EDGE_GEN_SHIFT + 13 == AGENT_SHIFT && EDGE_GEN_MASK == (1 << 13) - 1);
 const _: () = assert!(EdgeCause::Landed.bits() == 0b01 && EdgeCause::FailureNotice.bits() == 0b11);
 

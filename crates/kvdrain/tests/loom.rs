@@ -55,7 +55,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use kvdrain::{
     AbortError, AgentId, BlockHandle, Config, Decision, Duration, EdgeOutcome, Engine, Expect,
     IgnoreReason, Ingest, IngestCounters, Instant, Ledger, Noticed, Outstanding, Pending,
-    QuarantineCause, Record, RecordedEdges, Recorded, RegisterErrorKind, Registration,
+    QuarantineCause, Record, Recorded, RecordedEdges, RegisterErrorKind, Registration,
 };
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, Ordering};
@@ -1589,7 +1589,10 @@ fn gone_vs_failure_notice_same_agent() -> String {
         } else {
             assert_eq!((record.gone_at, record.failure_notice_at), (None, at));
         }
-        assert_eq!(record.settle_end, Some(Instant::from_millis(GONE_AT + SETTLE)));
+        assert_eq!(
+            record.settle_end,
+            Some(Instant::from_millis(GONE_AT + SETTLE))
+        );
         format!("{log} :: {} p0 {}", show(&[notice]), cause.as_str())
     })
 }

@@ -17,7 +17,9 @@
 
 use std::sync::Arc;
 
-use kvdrain::{AgentId, EdgeOutcome, Ended, FailureCause, Instant, Record, RecordedEdges, RequestKey};
+use kvdrain::{
+    AgentId, EdgeOutcome, Ended, FailureCause, Instant, Record, RecordedEdges, RequestKey,
+};
 
 use crate::PerRequest;
 use crate::directory::AgentDirectory;

@@ -81,7 +81,10 @@ impl EngineState {
         };
         let Some(request) = request else {
             debug_assert!(false, "decision for a key never registered");
-            tracing::error!(key = key.get(), "decision for a request the driver does not track");
+            tracing::error!(
+                key = key.get(),
+                "decision for a request the driver does not track"
+            );
             return;
         };
         let event = match d {
