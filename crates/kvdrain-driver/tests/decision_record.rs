@@ -10,11 +10,10 @@
 mod common;
 
 use common::{P_ENGINE, consumer_rank, producer_agents};
-use kvdrain::{BlockHandle, Config, Duration, Ended, FailureCause, Instant};
+use kvdrain::{BlockHandle, Config, Duration, EdgeOutcome, Ended, FailureCause, Instant};
 use kvdrain_driver::Transport;
 use kvdrain_driver::consumer::{
-    ConsumerDriver, ConsumerEvent, DecisionRecord, EdgeMode, EdgeResolution, ReceiveSpec,
-    RecordEdges,
+    ConsumerDriver, ConsumerEvent, DecisionRecord, EdgeMode, ReceiveSpec, RecordEdges,
 };
 use kvdrain_driver::memory::{MemoryFabric, MemoryTransport};
 use kvdrain_driver::transport::Peer;
@@ -78,13 +77,13 @@ impl Rank {
     }
 }
 
-/// The named edges as `(agent, resolution, at)`.
-fn edges(record: &DecisionRecord) -> Vec<(&str, EdgeResolution, Option<u64>)> {
+/// The named edges as `(agent, outcome)`: the core's causes, by the directory's names.
+fn edges(record: &DecisionRecord) -> Vec<(&str, EdgeOutcome)> {
     record
         .edges
         .named()
         .iter()
-        .map(|e| (&*e.agent, e.resolution, e.at.map(Instant::millis)))
+        .map(|e| (&*e.agent, e.outcome))
         .collect()
 }
 
@@ -110,14 +109,14 @@ fn completed_every_edge_landed_by_name_and_nothing_failed() {
     let rec = e.record();
     assert_eq!(rec.key, e.request().key);
     assert_eq!((rec.registered_at, rec.deadline), (at(5), at(1_005)));
-    let landed = EdgeResolution::Landed;
+    let landed = EdgeOutcome::Landed;
     assert_eq!(
         edges(rec),
         [
-            ("p0", landed, None),
-            ("p1", landed, None),
-            ("p2", landed, None),
-            ("p3", landed, None)
+            ("p0", landed),
+            ("p1", landed),
+            ("p2", landed),
+            ("p3", landed)
         ]
     );
     assert_eq!(rec.first_failure, None);
@@ -163,10 +162,10 @@ fn failed_names_how_and_when_each_edge_resolved() {
         "{released:?}"
     );
     let expected = [
-        ("p0", EdgeResolution::Landed, None),
-        ("p1", EdgeResolution::FailureNotice, Some(20)),
-        ("p2", EdgeResolution::Gone, Some(30)),
-        ("p3", EdgeResolution::Fenced, Some(40)),
+        ("p0", EdgeOutcome::Landed),
+        ("p1", EdgeOutcome::FailureNotice),
+        ("p2", EdgeOutcome::Gone),
+        ("p3", EdgeOutcome::Fenced),
     ];
     for e in [&failed, &released] {
         let rec = e.record();
@@ -185,7 +184,8 @@ fn failed_names_how_and_when_each_edge_resolved() {
 }
 
 /// A producer the transport reports gone is reported gone to the core by the driver
-/// itself, in the round that hears of it: its edge says `gone`, with that round's time.
+/// itself, in the round that hears of it: its edge says `gone`, and the request's `gone`
+/// has that round's time.
 #[test]
 fn a_producer_the_transport_reports_gone_is_named_gone() {
     let mut r = rank(60_000);
@@ -198,22 +198,23 @@ fn a_producer_the_transport_reports_gone_is_named_gone() {
     let failed = only(r.poll(70));
     assert!(matches!(failed, ConsumerEvent::Failed { .. }), "{failed:?}");
     let rec = failed.record();
-    let landed = EdgeResolution::Landed;
+    let landed = EdgeOutcome::Landed;
     assert_eq!(
         edges(rec),
         [
-            ("p0", landed, None),
-            ("p1", landed, None),
-            ("p2", EdgeResolution::Gone, Some(70)),
-            ("p3", landed, None)
+            ("p0", landed),
+            ("p1", landed),
+            ("p2", EdgeOutcome::Gone),
+            ("p3", landed)
         ]
     );
+    assert_eq!(rec.gone_at, Some(at(70)));
     assert_eq!(rec.first_failure, Some(FailureCause::Gone(at(70))));
     assert_eq!(rec.settle_end, Some(at(170)));
 }
 
 /// A `gone` after the agent's edge already failed by notice resolves nothing of it: the
-/// edge keeps its cause and time, and the request's record has no `gone`.
+/// edge keeps its cause, and the request's record has the notice's time and no `gone`.
 #[test]
 fn a_gone_after_the_notice_leaves_the_notice_as_the_cause() {
     let mut r = rank(60_000);
@@ -227,18 +228,14 @@ fn a_gone_after_the_notice_leaves_the_notice_as_the_cause() {
     }
     let failed = only(r.poll(30));
     let rec = failed.record();
-    assert_eq!(
-        edges(rec)[1],
-        ("p1", EdgeResolution::FailureNotice, Some(10))
-    );
-    assert_eq!(rec.gone_at, None);
+    assert_eq!(edges(rec)[1], ("p1", EdgeOutcome::FailureNotice));
+    assert_eq!((rec.failure_notice_at, rec.gone_at), (Some(at(10)), None));
     assert_eq!(rec.first_failure, Some(FailureCause::Notice(at(10))));
 }
 
-/// Two edges failed by notice: the request keeps the last notice's time only, so neither
-/// edge claims a time of its own.
+/// Two edges failed by notice: both say so, and the request keeps the last notice's time.
 #[test]
-fn two_failure_notices_leave_the_edge_times_unset() {
+fn two_failure_notices_name_both_edges_and_keep_the_last_time() {
     let mut r = rank(60_000);
     r.register("r", EdgeMode::Named, 0);
     r.notice(0, b"PUSH_FAIL:r:4");
@@ -248,11 +245,8 @@ fn two_failure_notices_leave_the_edge_times_unset() {
     r.notice(3, b"r:4");
     let failed = only(r.poll(20));
     let rec = failed.record();
-    let notice = EdgeResolution::FailureNotice;
-    assert_eq!(
-        edges(rec)[..2],
-        [("p0", notice, None), ("p1", notice, None)]
-    );
+    let notice = EdgeOutcome::FailureNotice;
+    assert_eq!(edges(rec)[..2], [("p0", notice), ("p1", notice)]);
     assert_eq!(rec.failure_notice_at, Some(at(20)), "the last one");
     assert_eq!(rec.first_failure, Some(FailureCause::Notice(at(20))));
 }
@@ -279,11 +273,7 @@ fn expired_then_forced_names_the_agent_that_still_owed() {
     );
     for e in [&expired, &forced] {
         let rec = e.record();
-        assert_eq!(
-            edges(rec)[3],
-            ("p3", EdgeResolution::Outstanding, None),
-            "{e:?}"
-        );
+        assert_eq!(edges(rec)[3], ("p3", EdgeOutcome::Outstanding), "{e:?}");
         assert_eq!(rec.ended, Some((Ended::Expired, at(1_000))));
         assert_eq!(rec.first_failure, Some(FailureCause::Expired(at(1_000))));
         assert_eq!(rec.decided_at, None);
@@ -339,10 +329,56 @@ fn a_record_outlives_the_slot_it_was_read_from() {
     }
     let rec = released.record();
     assert_eq!(released.request().id, "a");
-    assert_eq!(
-        edges(rec)[0],
-        ("p0", EdgeResolution::FailureNotice, Some(10))
-    );
+    assert_eq!(edges(rec)[0], ("p0", EdgeOutcome::FailureNotice));
+    assert_eq!(rec.failure_notice_at, Some(at(10)));
     assert_eq!(rec.released, Some((at(110), false)));
     assert_eq!(failed.record().key, rec.key);
+}
+
+/// On two threads a failure notice from `p1` races the engine half's `gone` of `p1`: the
+/// core's edge claim lets exactly one of them resolve the edge and writes its cause with
+/// it, so the record names the winner, never "failed, cause unknown". The `gone`'s return
+/// says who won.
+#[test]
+fn a_failure_notice_racing_a_gone_of_its_agent_names_the_winner() {
+    for round in 0..200 {
+        let mut r = rank(60_000);
+        r.register("r", EdgeMode::Named, 0);
+        for p in [0, 2, 3] {
+            r.notice(p, b"r:4");
+        }
+        assert!(r.poll(10).is_empty());
+        let (mut ingest, mut engine) = r.d.split();
+        let resolved = std::thread::scope(|s| {
+            let notice = s.spawn(move || {
+                ingest.set_arrival(at(10));
+                let _ = ingest.ingest("p1", b"PUSH_FAIL:r:4");
+            });
+            if round % 2 == 0 {
+                std::thread::yield_now();
+            }
+            let resolved = engine.gone("p1");
+            notice.join().expect("ingest thread");
+            resolved
+        });
+        let _ = r.d.engine().take_ready();
+        let failed = r
+            .events()
+            .into_iter()
+            .find(|e| matches!(e, ConsumerEvent::Failed { .. }))
+            .expect("failed by the notice or the gone");
+        let rec = failed.record();
+        let winner = edges(rec)[1];
+        match resolved {
+            1 => {
+                assert_eq!(winner, ("p1", EdgeOutcome::Gone));
+                assert_eq!((rec.gone_at, rec.failure_notice_at), (Some(at(10)), None));
+            }
+            0 => {
+                assert_eq!(winner, ("p1", EdgeOutcome::FailureNotice));
+                assert_eq!((rec.gone_at, rec.failure_notice_at), (None, Some(at(10))));
+            }
+            n => panic!("one edge of p1, {n} resolved"),
+        }
+    }
 }

@@ -222,8 +222,12 @@ enum kvdrain_record_edge_outcome
   KVDRAIN_RECORD_EDGE_OUTSTANDING = 0,
   // Its completion notice came.
   KVDRAIN_RECORD_EDGE_LANDED = 1,
-  // A failure notice, a `gone` or a `fence` of its agent failed it.
-  KVDRAIN_RECORD_EDGE_FAILED = 2,
+  // Its producer's failure notice (`PUSH_FAIL:`) failed it.
+  KVDRAIN_RECORD_EDGE_FAILURE_NOTICE = 2,
+  // `kvdrain_engine_gone` of its agent failed it.
+  KVDRAIN_RECORD_EDGE_GONE = 3,
+  // `kvdrain_engine_fence` of its agent failed it.
+  KVDRAIN_RECORD_EDGE_FENCED = 4,
 };
 #ifndef __cplusplus
 typedef uint32_t kvdrain_record_edge_outcome;

@@ -7,11 +7,11 @@
 //! request's slot takes the next registration, so every decision one
 //! `kvdrain_engine_poll` returned has its record until the engine registers again.
 //!
-//! Times are the ledger's clock in ms; [`KVDRAIN_NO_TIME`] where unset. Per named edge the
-//! ledger holds only whether it landed, failed or is outstanding: which of a failure
-//! notice, a `gone` or a `fence` failed it, and when, is the request's (the times below,
-//! and `first_failure`); a caller that calls `kvdrain_engine_gone`/`_fence` itself knows
-//! which agents it ended, and when.
+//! Times are the ledger's clock in ms; [`KVDRAIN_NO_TIME`] where unset. Each named edge
+//! says how it stands as the core recorded it: outstanding, landed, or failed by a
+//! failure notice, a `gone` or a `fence` (the core writes the cause as it resolves the
+//! edge, whichever thread did). The times are the request's (the last failure notice,
+//! `gone` and `fence` that resolved one of its edges, and `first_failure`).
 
 use kvdrain::{EdgeOutcome, Ended, FailureCause, Instant, Record, RecordedEdges, RequestKey};
 
@@ -32,8 +32,12 @@ pub enum kvdrain_record_edge_outcome {
     KVDRAIN_RECORD_EDGE_OUTSTANDING = 0,
     /// Its completion notice came.
     KVDRAIN_RECORD_EDGE_LANDED = 1,
-    /// A failure notice, a `gone` or a `fence` of its agent failed it.
-    KVDRAIN_RECORD_EDGE_FAILED = 2,
+    /// Its producer's failure notice (`PUSH_FAIL:`) failed it.
+    KVDRAIN_RECORD_EDGE_FAILURE_NOTICE = 2,
+    /// `kvdrain_engine_gone` of its agent failed it.
+    KVDRAIN_RECORD_EDGE_GONE = 3,
+    /// `kvdrain_engine_fence` of its agent failed it.
+    KVDRAIN_RECORD_EDGE_FENCED = 4,
 }
 
 /// How a request ended before every edge resolved.
@@ -141,7 +145,11 @@ impl From<&Record<8>> for kvdrain_record {
                     kvdrain_record_edge_outcome::KVDRAIN_RECORD_EDGE_OUTSTANDING
                 }
                 EdgeOutcome::Landed => kvdrain_record_edge_outcome::KVDRAIN_RECORD_EDGE_LANDED,
-                EdgeOutcome::Failed => kvdrain_record_edge_outcome::KVDRAIN_RECORD_EDGE_FAILED,
+                EdgeOutcome::FailureNotice => {
+                    kvdrain_record_edge_outcome::KVDRAIN_RECORD_EDGE_FAILURE_NOTICE
+                }
+                EdgeOutcome::Gone => kvdrain_record_edge_outcome::KVDRAIN_RECORD_EDGE_GONE,
+                EdgeOutcome::Fenced => kvdrain_record_edge_outcome::KVDRAIN_RECORD_EDGE_FENCED,
             },
             agent: agent.0,
         };

@@ -1102,8 +1102,9 @@ static void test_two_threads(void) {
 }
 
 /* The record of each decision, read by key right after the poll that took it: a named
- * request failed by a notice (20) and a gone (30) that settles until 80, and an aborted
- * counting request forced back by its quarantine; then hostile keys and pointers. */
+ * request failed by a notice (20) and a gone (30) that settles until 80, each edge with
+ * the cause the core wrote; a named request failed by a fence; and an aborted counting
+ * request forced back by its quarantine; then hostile keys and pointers. */
 static void test_record(void) {
     kvdrain_config cfg;
     OK(kvdrain_config_default(16, &cfg));
@@ -1131,8 +1132,8 @@ static void test_record(void) {
     CHECK(r.key == a && r.registered_ms == 5 && r.deadline_ms == 105);
     CHECK(r.named_edges == 3 && r.expected == 3 && r.outstanding == 0);
     CHECK(r.edges[0].agent == 0 && r.edges[0].outcome == KVDRAIN_RECORD_EDGE_LANDED);
-    CHECK(r.edges[1].agent == 1 && r.edges[1].outcome == KVDRAIN_RECORD_EDGE_FAILED);
-    CHECK(r.edges[2].agent == 2 && r.edges[2].outcome == KVDRAIN_RECORD_EDGE_FAILED);
+    CHECK(r.edges[1].agent == 1 && r.edges[1].outcome == KVDRAIN_RECORD_EDGE_FAILURE_NOTICE);
+    CHECK(r.edges[2].agent == 2 && r.edges[2].outcome == KVDRAIN_RECORD_EDGE_GONE);
     CHECK(r.failure_notice_ms == 20 && r.gone_ms == 30 && r.fenced_ms == KVDRAIN_NO_TIME);
     CHECK(r.first_failure == KVDRAIN_FAILURE_NOTICE && r.first_failure_ms == 20);
     CHECK(r.ended == KVDRAIN_ENDED_NONE && r.ended_ms == KVDRAIN_NO_TIME);
@@ -1144,6 +1145,25 @@ static void test_record(void) {
     expect_decision(&d[0], KVDRAIN_RELEASED, a, 10, 0);
     OK(kvdrain_engine_record(f.engine, a, &r));
     CHECK(r.released_ms == 80 && r.forced == 0 && r.settle_end_ms == 80);
+
+    /* A fence: its edge says so, and the landed one stays landed. */
+    const uint16_t fenced_agents[2] = {0, 3};
+    uint64_t b = 0;
+    OK(reg(&f, "b", 12, 0, fenced_agents, 2, 0, &b));
+    CHECK(feed(&f, 0, "b:2") == KVDRAIN_NOTICE_COUNTED);
+    OK(kvdrain_engine_fence(f.engine, 3, &resolved));
+    CHECK(resolved == 1);
+    CHECK(poll_all(&f, d, 4, 4) == 2);
+    expect_decision(&d[0], KVDRAIN_FAILED, b, 0, 0);
+    expect_decision(&d[1], KVDRAIN_RELEASED, b, 12, 0);
+    OK(kvdrain_engine_record(f.engine, b, &r));
+    CHECK(r.named_edges == 2 && r.outstanding == 0);
+    CHECK(r.edges[0].agent == 0 && r.edges[0].outcome == KVDRAIN_RECORD_EDGE_LANDED);
+    CHECK(r.edges[1].agent == 3 && r.edges[1].outcome == KVDRAIN_RECORD_EDGE_FENCED);
+    CHECK(r.fenced_ms == 80 && r.gone_ms == KVDRAIN_NO_TIME);
+    CHECK(r.failure_notice_ms == KVDRAIN_NO_TIME);
+    CHECK(r.first_failure == KVDRAIN_FAILURE_FENCED && r.first_failure_ms == 80);
+    CHECK(r.settle_end_ms == KVDRAIN_NO_TIME && r.released_ms == 80 && r.forced == 0);
 
     OK(reg(&f, "c", 11, 2, NULL, 0, 0, &c));
     kvdrain_quarantined q;

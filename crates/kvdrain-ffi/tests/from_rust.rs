@@ -371,8 +371,8 @@ fn records_of_the_decisions_just_polled() {
         edges,
         [
             (3, KVDRAIN_RECORD_EDGE_LANDED),
-            (4, KVDRAIN_RECORD_EDGE_FAILED),
-            (5, KVDRAIN_RECORD_EDGE_FAILED)
+            (4, KVDRAIN_RECORD_EDGE_FAILURE_NOTICE),
+            (5, KVDRAIN_RECORD_EDGE_FENCED)
         ]
     );
     assert_eq!((ra.failure_notice_ms, ra.fenced_ms), (20, 30));

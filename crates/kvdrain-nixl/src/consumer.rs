@@ -40,8 +40,7 @@ use crate::transport::NixlConsumerTransport;
 
 pub use kvdrain_driver::consumer::{
     ConsumerConfig, ConsumerCounters, ConsumerEngine, DecisionRecord, EdgeMode, EdgeRecord,
-    EdgeResolution, PollReport, ReceiveSpec, RecordEdges, Registered, RemoteProducer,
-    TrackedRequest,
+    PollReport, ReceiveSpec, RecordEdges, Registered, RemoteProducer, TrackedRequest,
 };
 
 /// The engine's side of the decisions: where blocks go.

@@ -6,7 +6,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyString;
 
 use crate::agents::AgentTable;
-use crate::record::{PyRecord, Recorded};
+use crate::record::PyRecord;
+use crate::tracker::EDGES;
 
 /// What was decided. The Python side sees the lower-case word (the replay format's
 /// `event`).
@@ -49,9 +50,9 @@ pub(crate) struct Decision {
     /// `None`, an `int` (counting mode) or a `list[str]` (named edges), for expired and
     /// aborted decisions.
     pub(crate) outstanding: Py<PyAny>,
-    /// The request's record as read when the decision was taken (plain data: `record`
-    /// builds its Python objects when it is read).
-    pub(crate) recorded: Option<Arc<Recorded>>,
+    /// The request's record, handed out by the core with the decision (plain data:
+    /// `record` builds its Python objects when it is read).
+    pub(crate) record: Arc<kvdrain::Record<EDGES>>,
     /// The ledger's agent names, for the record's named edges.
     pub(crate) agents: Arc<Mutex<AgentTable>>,
 }
@@ -104,23 +105,18 @@ impl Decision {
 
     /// What the ledger knew of the request when this decision was taken
     /// (`kvdrain.Record`): its edges by agent and how each resolved, its first failure,
-    /// deadline, settle end and release. A new object at each read. `None` only if it
-    /// could not be read, which the ledger does not let happen.
+    /// deadline, settle end and release. A new object at each read; every decision has
+    /// one (the core hands it out with the decision).
     #[getter]
-    fn record(&self, py: Python<'_>) -> PyResult<Option<Py<PyRecord>>> {
-        self.recorded
-            .as_ref()
-            .map(|recorded| {
-                Py::new(
-                    py,
-                    PyRecord {
-                        recorded: Arc::clone(recorded),
-                        request_id: self.request_id.clone_ref(py),
-                        agents: Arc::clone(&self.agents),
-                    },
-                )
-            })
-            .transpose()
+    fn record(&self, py: Python<'_>) -> PyResult<Py<PyRecord>> {
+        Py::new(
+            py,
+            PyRecord {
+                record: Arc::clone(&self.record),
+                request_id: self.request_id.clone_ref(py),
+                agents: Arc::clone(&self.agents),
+            },
+        )
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {

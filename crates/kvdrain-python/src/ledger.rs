@@ -21,7 +21,7 @@ use crate::errors::{
 use crate::feed::BatchReader;
 use crate::lock::lock;
 use crate::requests::{Agents, Entry};
-use crate::tracker::{self, AgentEnd, BuildError, EDGES, Refusal, Taken, Tracker};
+use crate::tracker::{self, BuildError, EDGES, Refusal, Taken, Tracker};
 
 fn invalid_argument(why: String) -> PyErr {
     InvalidArgumentError::new_err(why)
@@ -82,14 +82,14 @@ enum ExpectArg<'py> {
 }
 
 impl PyLedger {
-    /// `fence` and `gone`: a stranger (no registration named it) has no edges to end, but
-    /// the clock still moves to `now_ms` if given.
-    fn end_agent<'py>(
+    /// `fence` and `gone` (`lose`: the tracker's): a stranger (no registration named
+    /// it) has no edges to end, but the clock still moves to `now_ms` if given.
+    fn lose_agent<'py>(
         &self,
         py: Python<'py>,
         agent: &Bound<'py, PyString>,
-        how: AgentEnd,
         now_ms: Option<&Bound<'py, PyAny>>,
+        lose: impl FnOnce(&dyn Tracker, AgentId, Option<u64>) -> Result<Vec<Taken>, ClockError>,
     ) -> PyResult<Bound<'py, PyList>> {
         let name = args::utf8(agent, "agent name", invalid_argument)?;
         let now_ms = args::unsigned_opt(now_ms, "now_ms", invalid_argument)?;
@@ -97,10 +97,7 @@ impl PyLedger {
         let taken = match (agent == AgentId::STRANGER, now_ms) {
             (true, None) => return Ok(PyList::empty(py)),
             (true, Some(now_ms)) => self.tracker.advance(py, now_ms),
-            (false, _) => self
-                .tracker
-                .end_agent(py, agent, how, now_ms)
-                .map(|(_, taken)| taken),
+            (false, _) => lose(&*self.tracker, agent, now_ms),
         }
         .map_err(clock_backwards)?;
         self.decisions(py, taken)
@@ -143,7 +140,7 @@ impl PyLedger {
                 at_ms: t.at_ms,
                 forced: t.forced,
                 outstanding,
-                recorded: t.recorded,
+                record: t.record,
                 agents: Arc::clone(&self.agents),
             },
         )
@@ -615,7 +612,9 @@ impl PyLedger {
         agent: &Bound<'py, PyString>,
         now_ms: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
-        self.end_agent(py, agent, AgentEnd::Gone, now_ms)
+        self.lose_agent(py, agent, now_ms, |t, agent, now_ms| {
+            t.gone(py, agent, now_ms)
+        })
     }
 
     /// The transport proves that `agent` can no longer write here (nothing of it in
@@ -629,7 +628,9 @@ impl PyLedger {
         agent: &Bound<'py, PyString>,
         now_ms: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
-        self.end_agent(py, agent, AgentEnd::Fence, now_ms)
+        self.lose_agent(py, agent, now_ms, |t, agent, now_ms| {
+            t.fence(py, agent, now_ms)
+        })
     }
 
     /// Every counter of both halves, by name.

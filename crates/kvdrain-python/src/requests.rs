@@ -89,12 +89,6 @@ impl Requests {
         ring.chain(self.overflow.values())
     }
 
-    /// Every live entry with its key.
-    pub(crate) fn keyed(&self) -> impl Iterator<Item = (u64, &Entry)> {
-        let ring = self.ring.iter().flatten().map(|(key, entry)| (*key, entry));
-        ring.chain(self.overflow.iter().map(|(key, entry)| (*key, entry)))
-    }
-
     /// Takes out every entry (the garbage collector breaks a cycle through this table).
     pub(crate) fn take_all(&mut self) -> Vec<Entry> {
         let ring = self

@@ -10,13 +10,12 @@
 //! [`Tracker`] erases `N` so that one Python class can hold any table size; each method
 //! works on a whole batch, so the dynamic call is paid once per batch.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use kvdrain::{
     AbortError, AgentId, BlockHandle, ClockError, Config, Decision as CoreDecision, Duration,
-    Engine, EngineCounters, Expect, Ingest, IngestCounters, Instant, Ledger, Outstanding,
-    RegisterErrorKind, Registration,
+    Engine, EngineCounters, Expect, Ingest, IngestCounters, Instant, Ledger, Outstanding, Record,
+    Recorded, RegisterErrorKind, Registration, Split,
 };
 use ouroboros::self_referencing;
 use pyo3::prelude::*;
@@ -25,7 +24,6 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use crate::decision::Kind;
 use crate::lock::{lock, lock_detached};
-use crate::record::{EndedEdges, Recorded};
 use crate::requests::{Entry, Requests};
 
 /// Named edges per request in every table the module builds (counting mode allows up to
@@ -41,9 +39,9 @@ pub(crate) struct Taken {
     pub(crate) at_ms: u64,
     pub(crate) forced: bool,
     pub(crate) outstanding: Option<Outstanding>,
-    /// The request's record, read as the decision was taken (on the heap: a `Taken`
-    /// and a `Decision` stay small, so a poll of thousands moves little memory).
-    pub(crate) recorded: Option<Arc<Recorded>>,
+    /// The request's record, handed out by the core with the decision (on the heap: a
+    /// `Taken` and a `Decision` stay small, so a poll of thousands moves little memory).
+    pub(crate) record: Arc<Record<EDGES>>,
 }
 
 /// One message of a batch: the sender's number and the bytes, borrowed from a `bytes`
@@ -124,16 +122,21 @@ pub(crate) trait Tracker: Send + Sync {
         id: &str,
         now_ms: Option<u64>,
     ) -> Result<Result<Taken, AbortError>, ClockError>;
-    /// Resolves every outstanding named edge of `agent` as failed, as the core's `fence`
-    /// or `gone` (`how`) does, after moving the clock to `now_ms` if given (under the
-    /// same lock). Returns the decisions of both, the clock's first.
-    fn end_agent(
+    /// The core's `gone` of `agent`, after moving the clock to `now_ms` if given (under
+    /// the same lock). Returns the decisions of both, the clock's first.
+    fn gone(
         &self,
         py: Python<'_>,
         agent: AgentId,
-        how: AgentEnd,
         now_ms: Option<u64>,
-    ) -> Result<(u32, Vec<Taken>), ClockError>;
+    ) -> Result<Vec<Taken>, ClockError>;
+    /// The core's `fence` of `agent`, as [`gone`](Self::gone).
+    fn fence(
+        &self,
+        py: Python<'_>,
+        agent: AgentId,
+        now_ms: Option<u64>,
+    ) -> Result<Vec<Taken>, ClockError>;
     /// Both halves' counters plus the entries that were not `bytes`.
     fn counters(&self, py: Python<'_>) -> (IngestCounters, u64, EngineCounters);
     /// Visits every Python object the engine side holds (`tp_traverse`). Skips them if
@@ -153,23 +156,12 @@ struct IngestSide<'l, const N: usize> {
     not_bytes: u64,
 }
 
-/// How an agent's outstanding named edges end: the core's `fence` (the transport proves
-/// nothing more of it lands) or `gone` (it was seen go away; its edges settle).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AgentEnd {
-    Fence,
-    Gone,
-}
-
 /// What the engine lock guards.
 #[derive(Debug)]
 struct EngineSide<'l, const N: usize> {
     engine: Engine<'l, N, EDGES>,
     /// Live registrations by request key.
     requests: Requests,
-    /// The edges `gone` or `fence` resolved, by request key, until the request leaves
-    /// `requests` (empty unless an agent ended: the common path only checks that).
-    ended_edges: HashMap<u64, EndedEdges>,
 }
 
 #[derive(Debug)]
@@ -232,11 +224,7 @@ pub(crate) fn build<const N: usize>(config: Config) -> Result<Box<dyn Tracker>, 
                                 ingest,
                                 not_bytes: 0,
                             }),
-                            engine: Mutex::new(EngineSide {
-                                engine,
-                                requests,
-                                ended_edges: HashMap::new(),
-                            }),
+                            engine: Mutex::new(EngineSide { engine, requests }),
                         }
                     },
                 }
@@ -248,24 +236,20 @@ pub(crate) fn build<const N: usize>(config: Config) -> Result<Box<dyn Tracker>, 
         .map_err(|_| BuildError::NoThread(std::io::Error::other("building the ledger panicked")))
 }
 
-/// Turns one of the core's decisions, just pulled, into a [`Taken`] with the request's
-/// record (read now: the slot may take the next registration once the decision is out);
+/// Turns one of the core's decisions, just pulled with its record, into a [`Taken`];
 /// completed and released requests leave the table. `None` only for a key this side never
 /// registered (a bookkeeping bug: there is no request to tell the caller about).
 fn taken<const N: usize>(
     side: &mut EngineSide<'_, N>,
     py: Python<'_>,
     at_ms: u64,
-    d: CoreDecision,
+    recorded: Recorded<EDGES>,
 ) -> Option<Taken> {
+    let Recorded {
+        decision: d,
+        record,
+    } = recorded;
     let key = d.key().get();
-    let leaves = matches!(d, CoreDecision::Completed(_) | CoreDecision::Released(_));
-    let recorded = side.engine.record(d.key()).map(|record| {
-        Arc::new(Recorded {
-            record,
-            ended_edges: side.ended_edges(key, leaves),
-        })
-    });
     let requests = &mut side.requests;
     let (kind, entry, forced, outstanding) = match d {
         CoreDecision::Completed(drained) => {
@@ -296,64 +280,8 @@ fn taken<const N: usize>(
         at_ms,
         forced,
         outstanding,
-        recorded,
+        record: Arc::new(record),
     })
-}
-
-impl<const N: usize> EngineSide<'_, N> {
-    /// The edges `gone` or `fence` resolved of request `key`; forgotten if it `leaves`.
-    fn ended_edges(&mut self, key: u64, leaves: bool) -> EndedEdges {
-        if self.ended_edges.is_empty() {
-            return EndedEdges::new();
-        }
-        if leaves {
-            self.ended_edges.remove(&key).unwrap_or_default()
-        } else {
-            self.ended_edges.get(&key).cloned().unwrap_or_default()
-        }
-    }
-
-    /// The core's `fence` or `gone` of `agent`, noting in each request it touched which
-    /// edge it resolved: those of `agent` outstanding before and failed after, unless the
-    /// ingest half failed some by notice meanwhile (more changed than the core resolved:
-    /// then their cause is `None`). Reads the record of every live request naming
-    /// `agent` twice, on this rare path only.
-    fn end_agent(&mut self, agent: AgentId, how: AgentEnd) -> u32 {
-        let owing: Vec<(u64, usize)> = self
-            .requests
-            .keyed()
-            .filter_map(|(key, entry)| {
-                let edge = entry.agents.as_deref()?.iter().position(|&a| a == agent)?;
-                let record = self.engine.record(kvdrain::RequestKey::from_raw(key))?;
-                let &(_, outcome) = record.edges.named().get(edge)?;
-                (outcome == kvdrain::EdgeOutcome::Outstanding).then_some((key, edge))
-            })
-            .collect();
-        let resolved = match how {
-            AgentEnd::Fence => self.engine.fence(agent),
-            AgentEnd::Gone => self.engine.gone(agent),
-        };
-        let at_ms = self.engine.now().millis();
-        let failed: Vec<(u64, usize)> = owing
-            .into_iter()
-            .filter(|&(key, edge)| {
-                self.engine
-                    .record(kvdrain::RequestKey::from_raw(key))
-                    .and_then(|r| r.edges.named().get(edge).map(|e| e.1))
-                    == Some(kvdrain::EdgeOutcome::Failed)
-            })
-            .collect();
-        let how = (failed.len() == resolved as usize).then_some(how);
-        for (key, edge) in failed {
-            if let Ok(edge) = u8::try_from(edge) {
-                self.ended_edges
-                    .entry(key)
-                    .or_default()
-                    .push((edge, how, at_ms));
-            }
-        }
-        resolved
-    }
 }
 
 /// The core loop of `feed`: every message to the ingest half, in order.
@@ -383,11 +311,8 @@ fn take_queued<const N: usize>(
     at_ms: u64,
     out: &mut Vec<Taken>,
 ) {
-    loop {
-        // One at a time: each one's record is read before the next is pulled.
-        let next = side.engine.drain_queued().next();
-        let Some(d) = next else { break };
-        out.extend(taken(side, py, at_ms, d));
+    while let Some(recorded) = side.engine.poll_queued_recorded() {
+        out.extend(taken(side, py, at_ms, recorded));
     }
 }
 
@@ -398,24 +323,45 @@ fn abort_side<const N: usize>(
     id: &str,
 ) -> Result<Taken, AbortError> {
     let q = side.engine.abort_id(id)?;
-    let recorded = side.engine.record(q.key()).map(|record| {
-        Arc::new(Recorded {
-            record,
-            ended_edges: side.ended_edges(q.key().get(), false),
-        })
-    });
     let entry = side.requests.get(q.key().get()).map(|e| e.clone_ref(py));
-    // A request the core tracks is always in the table; if it were not, the abort
-    // would concern nothing the caller registered.
-    let entry = entry.ok_or(AbortError::Unknown)?;
+    // A request the core tracks is always in the table and has a record; if it were
+    // not, the abort would concern nothing the caller registered.
+    let (Some(entry), Some(record)) = (entry, side.engine.record(q.key())) else {
+        return Err(AbortError::Unknown);
+    };
     Ok(Taken {
         kind: Kind::Aborted,
         entry,
         at_ms: side.engine.now().millis(),
         forced: false,
         outstanding: Some(q.outstanding()),
-        recorded,
+        record: Arc::new(record),
     })
+}
+
+impl<const N: usize> Halves<N> {
+    /// `gone` or `fence` (`lose`) under the engine lock, after moving the clock to
+    /// `now_ms` if given; the decisions of both, the clock's first, each with the record
+    /// the core hands out with it (every edge's cause written by the core).
+    fn lose_agent(
+        &self,
+        py: Python<'_>,
+        now_ms: Option<u64>,
+        lose: impl FnOnce(&mut Engine<'_, N, EDGES>) -> u32,
+    ) -> Result<Vec<Taken>, ClockError> {
+        let mut out = Vec::new();
+        self.with_sides(|sides| {
+            let side = &mut *lock(py, &sides.engine);
+            if let Some(now_ms) = now_ms {
+                side.engine.advance(Instant::from_millis(now_ms))?;
+            }
+            let at_ms = side.engine.now().millis();
+            let _resolved = lose(&mut side.engine);
+            take_queued(side, py, at_ms, &mut out);
+            Ok::<(), ClockError>(())
+        })?;
+        Ok(out)
+    }
 }
 
 impl<const N: usize> Tracker for Halves<N> {
@@ -507,8 +453,8 @@ impl<const N: usize> Tracker for Halves<N> {
         self.with_sides(|sides| {
             let side = &mut *lock(py, &sides.engine);
             let at_ms = side.engine.now().millis();
-            while let Some(d) = side.engine.poll_decision() {
-                out.extend(taken(side, py, at_ms, d));
+            while let Some(recorded) = side.engine.poll_recorded() {
+                out.extend(taken(side, py, at_ms, recorded));
             }
         });
         out
@@ -524,15 +470,12 @@ impl<const N: usize> Tracker for Halves<N> {
         self.with_sides(|sides| {
             let side = &mut *lock(py, &sides.engine);
             let at_ms = side.engine.now().millis();
-            while let Some(d) = side.engine.poll_decision() {
-                match d {
-                    CoreDecision::Completed(drained) => {
+            while let Some(split) = side.engine.poll_split() {
+                match split {
+                    Split::Completed(drained) => {
                         // No record: no `Decision` is made for a completed request here.
                         let key = drained.key().get();
                         let BlockHandle(_) = drained.into_decode();
-                        if !side.ended_edges.is_empty() {
-                            side.ended_edges.remove(&key);
-                        }
                         if let Some(entry) = side.requests.remove(key) {
                             // Not dropped here: the ledger may hold the last reference,
                             // and its `__del__` must not run under this lock.
@@ -540,7 +483,7 @@ impl<const N: usize> Tracker for Halves<N> {
                             completed.push(entry.id);
                         }
                     }
-                    other => others.extend(taken(side, py, at_ms, other)),
+                    Split::Other(recorded) => others.extend(taken(side, py, at_ms, recorded)),
                 }
             }
         });
@@ -580,25 +523,22 @@ impl<const N: usize> Tracker for Halves<N> {
         })
     }
 
-    fn end_agent(
+    fn gone(
         &self,
         py: Python<'_>,
         agent: AgentId,
-        how: AgentEnd,
         now_ms: Option<u64>,
-    ) -> Result<(u32, Vec<Taken>), ClockError> {
-        let mut out = Vec::new();
-        let resolved = self.with_sides(|sides| {
-            let side = &mut *lock(py, &sides.engine);
-            if let Some(now_ms) = now_ms {
-                side.engine.advance(Instant::from_millis(now_ms))?;
-            }
-            let at_ms = side.engine.now().millis();
-            let resolved = side.end_agent(agent, how);
-            take_queued(side, py, at_ms, &mut out);
-            Ok::<u32, ClockError>(resolved)
-        })?;
-        Ok((resolved, out))
+    ) -> Result<Vec<Taken>, ClockError> {
+        self.lose_agent(py, now_ms, |engine| engine.gone(agent))
+    }
+
+    fn fence(
+        &self,
+        py: Python<'_>,
+        agent: AgentId,
+        now_ms: Option<u64>,
+    ) -> Result<Vec<Taken>, ClockError> {
+        self.lose_agent(py, now_ms, |engine| engine.fence(agent))
     }
 
     fn counters(&self, py: Python<'_>) -> (IngestCounters, u64, EngineCounters) {

@@ -216,10 +216,13 @@
 #![deny(unused_must_use)]
 #![warn(missing_docs)]
 
+mod abort;
 #[cfg(kvdrain_loom)]
 mod broken;
+mod clock;
 mod config;
 mod counters;
+mod decide;
 mod decided;
 mod engine;
 mod error;
@@ -227,10 +230,13 @@ mod fingerprint;
 mod index;
 mod ingest;
 mod ledger;
+mod lost_agent;
 mod owner;
+mod poll;
 pub mod producer;
 mod ready;
 mod record;
+mod register;
 mod shared;
 mod slot;
 mod stamp;
@@ -248,7 +254,7 @@ pub use engine::Engine;
 pub use error::{AbortError, ClockError, IgnoreReason, Ignored, RegisterError, RegisterErrorKind};
 pub use ingest::{Ingest, Noticed};
 pub use ledger::Ledger;
-pub use record::{EdgeOutcome, Ended, FailureCause, Record, RecordedEdges};
+pub use record::{EdgeOutcome, Ended, FailureCause, Record, Recorded, RecordedEdges, Split};
 pub use ticket::{
     AgentId, BlockHandle, Decision, Drained, Expect, Failed, Outstanding, Pending, QuarantineCause,
     Quarantined, Registration, Released, RequestKey,

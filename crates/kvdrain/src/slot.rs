@@ -11,30 +11,57 @@ use crate::state_word::StateWord;
 use crate::sync::{AtomicU32, Ordering, fence};
 use crate::ticket::AgentId;
 
-/// Edge word: `AGENT(16) | GENERATION(14) | FAILED | RESOLVED`.
-const EDGE_GEN_SHIFT: u32 = 2;
-const EDGE_GEN_MASK: u32 = 0x3FFF;
+/// Edge word: `AGENT(16) | GENERATION(13) | CAUSE(2) | RESOLVED`.
+///
+/// `CAUSE` says how a resolved edge ended (`EdgeCause`): written by the one CAS (or
+/// store) that resolves it, so the cause is never apart from the resolution and costs no
+/// store of its own. A completion and a failure notice set the same bits as when the
+/// word held only `RESOLVED` and `FAILED`; a `gone` or a `fence` (the engine thread, on
+/// its rare path) sets the other two causes. The generation tag is the state word's
+/// generation modulo 2^13: a reader that validated generation `g` and then stalls while
+/// its slot is recycled 8 192 times could claim an edge of the slot's next request, whose
+/// state-word CAS (21 bits of generation) then refuses the count.
+const EDGE_GEN_SHIFT: u32 = 3;
+const EDGE_GEN_MASK: u32 = 0x1FFF;
 const AGENT_SHIFT: u32 = 16;
+const RESOLVED: u32 = 1;
+const CAUSE_SHIFT: u32 = 1;
+const CAUSE_MASK: u32 = 0b11 << CAUSE_SHIFT;
 
-bitflags::bitflags! {
-    /// The flag bits of an edge word (its two low bits).
-    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-    struct EdgeFlags: u32 {
-        /// A notice or a fence resolved the edge.
-        const RESOLVED = 1;
-        /// It was resolved as failed.
-        const FAILED = 1 << 1;
-    }
+/// How a resolved edge ended: the `CAUSE` field of its edge word.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum EdgeCause {
+    /// Its completion notice came.
+    Landed = 0,
+    /// Its producer's failure notice (`PUSH_FAIL:`).
+    FailureNotice = 1,
+    /// [`Engine::gone`](crate::Engine::gone) of its agent.
+    Gone = 2,
+    /// [`Engine::fence`](crate::Engine::fence) of its agent.
+    Fenced = 3,
 }
 
-// The flags sit below the generation tag.
-const _: () = assert!(EdgeFlags::all().bits() < 1 << EDGE_GEN_SHIFT);
+impl EdgeCause {
+    /// The bits a claim with this cause sets.
+    #[inline(always)]
+    const fn bits(self) -> u32 {
+        RESOLVED | ((self as u32) << CAUSE_SHIFT)
+    }
 
-impl EdgeFlags {
     fn of(word: u32) -> Self {
-        EdgeFlags::from_bits_truncate(word)
+        match (word & CAUSE_MASK) >> CAUSE_SHIFT {
+            0 => EdgeCause::Landed,
+            1 => EdgeCause::FailureNotice,
+            2 => EdgeCause::Gone,
+            _ => EdgeCause::Fenced,
+        }
     }
 }
+
+// The flags sit below the generation tag, and a notice sets the bits it always set.
+const _: () = assert!(CAUSE_SHIFT + 2 == EDGE_GEN_SHIFT && RESOLVED < 1 << CAUSE_SHIFT);
+const _: () = assert!(EDGE_GEN_SHIFT + 13 == AGENT_SHIFT && EDGE_GEN_MASK == (1 << 13) - 1);
+const _: () = assert!(EdgeCause::Landed.bits() == 0b01 && EdgeCause::FailureNotice.bits() == 0b11);
 
 fn edge_tag(generation: u32) -> u32 {
     (generation & EDGE_GEN_MASK) << EDGE_GEN_SHIFT
@@ -107,9 +134,10 @@ impl<const E: usize> SharedSlot<E> {
         )
     }
 
-    /// Claims `agent`'s edge among the first `named` edges of generation `generation`.
-    /// `alone`: the caller holds the whole ledger (`&mut Ledger`), so the word it read is
-    /// current and the claim is a plain store rather than a CAS.
+    /// Claims `agent`'s edge among the first `named` edges of generation `generation` for
+    /// a notice, a failure notice if `failed`. `alone`: the caller holds the whole ledger
+    /// (`&mut Ledger`), so the word it read is current and the claim is a plain store
+    /// rather than a CAS.
     #[inline]
     pub(crate) fn claim_edge(
         &self,
@@ -117,6 +145,37 @@ impl<const E: usize> SharedSlot<E> {
         generation: u32,
         agent: AgentId,
         failed: bool,
+        alone: bool,
+    ) -> EdgeClaim {
+        let cause = if failed {
+            EdgeCause::FailureNotice
+        } else {
+            EdgeCause::Landed
+        };
+        self.claim(named, generation, agent, cause, alone)
+    }
+
+    /// Owner: claims `agent`'s edge for a `gone` or a `fence` (`cause`), racing the ingest
+    /// thread's notices with a CAS: whichever claims first writes its cause, in the same
+    /// atomic step as the resolution.
+    pub(crate) fn end_edge(
+        &self,
+        named: u32,
+        generation: u32,
+        agent: AgentId,
+        cause: EdgeCause,
+    ) -> EdgeClaim {
+        debug_assert!(matches!(cause, EdgeCause::Gone | EdgeCause::Fenced));
+        self.claim(named, generation, agent, cause, false)
+    }
+
+    #[inline(always)]
+    fn claim(
+        &self,
+        named: u32,
+        generation: u32,
+        agent: AgentId,
+        cause: EdgeCause,
         alone: bool,
     ) -> EdgeClaim {
         let tag = edge_tag(generation);
@@ -129,12 +188,10 @@ impl<const E: usize> SharedSlot<E> {
                 if current & (EDGE_GEN_MASK << EDGE_GEN_SHIFT) != tag {
                     return EdgeClaim::Recycled;
                 }
-                if EdgeFlags::of(current).contains(EdgeFlags::RESOLVED) {
+                if current & RESOLVED != 0 {
                     return EdgeClaim::Duplicate;
                 }
-                let mut set = EdgeFlags::RESOLVED;
-                set.set(EdgeFlags::FAILED, failed);
-                let next = current | set.bits();
+                let next = current | cause.bits();
                 if alone {
                     word.store(next, Ordering::Release);
                     return EdgeClaim::Claimed;
@@ -155,9 +212,7 @@ impl<const E: usize> SharedSlot<E> {
         let mut mask = 0u64;
         for (i, word) in self.edges.iter().take(named as usize).enumerate() {
             let w = word.load(Ordering::Acquire);
-            if w & (EDGE_GEN_MASK << EDGE_GEN_SHIFT) == tag
-                && !EdgeFlags::of(w).contains(EdgeFlags::RESOLVED)
-            {
+            if w & (EDGE_GEN_MASK << EDGE_GEN_SHIFT) == tag && w & RESOLVED == 0 {
                 mask |= 1 << i;
             }
         }
@@ -165,8 +220,8 @@ impl<const E: usize> SharedSlot<E> {
     }
 
     /// Owner: the first `named` edges of generation `generation`, each with its agent and
-    /// how it stands (an edge word of another generation reads as outstanding), for a
-    /// [`Record`](crate::Record).
+    /// how it stands, its cause read from its word (an edge word of another generation
+    /// reads as outstanding), for a [`Record`](crate::Record).
     pub(crate) fn edge_outcomes(
         &self,
         named: u32,
@@ -177,15 +232,15 @@ impl<const E: usize> SharedSlot<E> {
         let mut out = [(AgentId(0), EdgeOutcome::Outstanding); E];
         for (entry, word) in out.iter_mut().zip(self.edges.iter().take(named as usize)) {
             let w = word.load(Ordering::Acquire);
-            let flags = EdgeFlags::of(w);
-            let outcome = if w & (EDGE_GEN_MASK << EDGE_GEN_SHIFT) != tag
-                || !flags.contains(EdgeFlags::RESOLVED)
-            {
+            let outcome = if w & (EDGE_GEN_MASK << EDGE_GEN_SHIFT) != tag || w & RESOLVED == 0 {
                 EdgeOutcome::Outstanding
-            } else if flags.contains(EdgeFlags::FAILED) {
-                EdgeOutcome::Failed
             } else {
-                EdgeOutcome::Landed
+                match EdgeCause::of(w) {
+                    EdgeCause::Landed => EdgeOutcome::Landed,
+                    EdgeCause::FailureNotice => EdgeOutcome::FailureNotice,
+                    EdgeCause::Gone => EdgeOutcome::Gone,
+                    EdgeCause::Fenced => EdgeOutcome::Fenced,
+                }
             };
             *entry = (AgentId((w >> AGENT_SHIFT) as u16), outcome);
         }

@@ -29,6 +29,12 @@
 //! * **a `gone` settles too** (rule 9) — the gone models report an agent gone at a clock
 //!   past 0 while the sibling's notice, the deadline or an abort races it, and the judge
 //!   checks every unforced release against the `gone`'s time plus `settle_ms`.
+//! * **each edge's cause is the resolution's** — the judge takes every decision with its
+//!   record ([`Engine::poll_recorded`]) and checks each named edge: `landed` only once its
+//!   write has landed (on happens-before, as above), `gone` or `fenced` only for an agent
+//!   whose `gone` or `fence` resolved an edge, and a completion only with every edge
+//!   landed. One model races a failure notice against a `gone` of the same agent and
+//!   requires the record to name whichever resolved the edge.
 //!
 //! Each model also returns a label of what happened (the engine's log, `|` where it joined
 //! the ingest thread, what each notice returned), and [`check`] requires the set of labels
@@ -47,9 +53,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kvdrain::{
-    AbortError, AgentId, BlockHandle, Config, Decision, Duration, Engine, Expect, IgnoreReason,
-    Ingest, IngestCounters, Instant, Ledger, Noticed, Outstanding, Pending, QuarantineCause,
-    RegisterErrorKind, Registration,
+    AbortError, AgentId, BlockHandle, Config, Decision, Duration, EdgeOutcome, Engine, Expect,
+    IgnoreReason, Ingest, IngestCounters, Instant, Ledger, Noticed, Outstanding, Pending,
+    QuarantineCause, Record, Recorded, RecordedEdges, RegisterErrorKind, Registration,
 };
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, Ordering};
@@ -251,6 +257,11 @@ struct Judge {
     /// Agents a `gone` resolved edges of, with when that `gone` has settled (rule 8):
     /// their writes may still land until then, so no unforced release comes earlier.
     gone: Vec<(u16, u64)>,
+    /// Agents whose `gone` or `fence` resolved an edge, with the cause the core was asked
+    /// to write: a record's `gone` or `fenced` edge must be one of these.
+    ended: Vec<(u16, EdgeOutcome)>,
+    /// Per request key, its named edges as the record of its last decision so far said.
+    edges: BTreeMap<u64, Vec<(u16, EdgeOutcome)>>,
     /// Broken on purpose: report a gone agent with `fence` (no settling), which the
     /// judge must catch.
     gone_as_fence: bool,
@@ -267,6 +278,8 @@ impl Judge {
             requests: BTreeMap::new(),
             fenced: Vec::new(),
             gone: Vec::new(),
+            ended: Vec::new(),
+            edges: BTreeMap::new(),
             gone_as_fence: false,
             tally: BTreeMap::new(),
             log: Vec::new(),
@@ -320,6 +333,49 @@ impl Judge {
                 "{what} request {key} while the write of agent {agent} may still land"
             );
         }
+    }
+
+    /// The record handed out with a decision: its edges' causes agree with what happened.
+    fn check_record<const E: usize>(&mut self, d: &Decision, record: &Record<E>) {
+        let key = d.key().get();
+        assert_eq!(record.key, d.key(), "a decision comes with its own record");
+        let edges: Vec<(u16, EdgeOutcome)> = record
+            .edges
+            .named()
+            .iter()
+            .map(|&(a, o)| (a.0, o))
+            .collect();
+        for &(agent, outcome) in &edges {
+            match outcome {
+                EdgeOutcome::Landed => assert!(
+                    self.writes.landed(agent),
+                    "request {key}'s record says agent {agent} landed before its write did"
+                ),
+                EdgeOutcome::Gone | EdgeOutcome::Fenced => assert!(
+                    self.ended.contains(&(agent, outcome)),
+                    "request {key}'s record says agent {agent} {outcome:?}, which no call did: {:?}",
+                    self.ended
+                ),
+                EdgeOutcome::FailureNotice | EdgeOutcome::Outstanding => {}
+            }
+        }
+        match (d, &record.edges) {
+            (Decision::Completed(_), RecordedEdges::Named { .. }) => assert!(
+                edges.iter().all(|&(_, o)| o == EdgeOutcome::Landed),
+                "completed request {key} with {edges:?}"
+            ),
+            (Decision::Failed(_), RecordedEdges::Named { .. }) => assert!(
+                edges.iter().any(|&(_, o)| o.failed()),
+                "failed request {key} with {edges:?}"
+            ),
+            _ => {}
+        }
+        self.edges.insert(key, edges);
+    }
+
+    fn recorded<const E: usize>(&mut self, r: Recorded<E>) {
+        self.check_record(&r.decision, &r.record);
+        self.decision(r.decision);
     }
 
     fn decision(&mut self, d: Decision) {
@@ -386,12 +442,12 @@ impl Judge {
     fn poll<const N: usize, const E: usize>(&mut self, engine: &mut Engine<'_, N, E>) -> usize {
         let mut requests = 0;
         let mut last = None;
-        while let Some(d) = engine.poll_decision() {
-            if last != Some(d.key()) {
+        while let Some(r) = engine.poll_recorded() {
+            if last != Some(r.decision.key()) {
                 requests += 1;
-                last = Some(d.key());
+                last = Some(r.decision.key());
             }
-            self.decision(d);
+            self.recorded(r);
         }
         requests
     }
@@ -399,8 +455,8 @@ impl Judge {
     /// Pulls exactly the decisions the last `advance` or `fence` queued (not those of
     /// requests the ingest thread drained: `poll` takes those).
     fn queued<const N: usize, const E: usize>(&mut self, engine: &mut Engine<'_, N, E>) {
-        for d in engine.drain_queued() {
-            self.decision(d);
+        while let Some(r) = engine.poll_queued_recorded() {
+            self.recorded(r);
         }
     }
 
@@ -419,6 +475,7 @@ impl Judge {
         agent: u16,
     ) -> u32 {
         self.fenced.push(agent);
+        self.ended.push((agent, EdgeOutcome::Fenced));
         self.log.push(format!("fence(p{agent})"));
         let resolved = engine.fence(AgentId(agent));
         self.queued(engine);
@@ -426,6 +483,7 @@ impl Judge {
         if resolved == 0 {
             // Its notice resolved the edge first: the write counts as landed again.
             self.fenced.retain(|&a| a != agent);
+            self.ended.pop();
         }
         resolved
     }
@@ -440,6 +498,13 @@ impl Judge {
         settle_ms: u64,
     ) -> u32 {
         self.log.push(format!("gone(p{agent})"));
+        let cause = if self.gone_as_fence {
+            EdgeOutcome::Fenced
+        } else {
+            EdgeOutcome::Gone
+        };
+        // Before the call: the decisions it takes are checked inside it.
+        self.ended.push((agent, cause));
         let resolved = if self.gone_as_fence {
             engine.fence(AgentId(agent))
         } else {
@@ -447,6 +512,8 @@ impl Judge {
         };
         if resolved > 0 {
             self.gone.push((agent, self.now + settle_ms));
+        } else {
+            self.ended.pop();
         }
         self.queued(engine);
         self.log.push(format!("={resolved}"));
@@ -1471,6 +1538,83 @@ fn gone_vs_sibling_notice(sibling_fails: bool, variant: Variant) -> String {
         )
     })
 }
+
+/// `gone(p0)` (engine) races p0's own failure notice for the same edge (ingest), p1
+/// having landed: exactly one of them resolves the edge, the last one, and the record of
+/// every decision names that one as its cause (`gone` when the `gone` returns 1,
+/// `failure_notice` when the notice counted), with the request's time for it. The
+/// request fails once and settles from whichever resolved it.
+fn gone_vs_failure_notice_same_agent() -> String {
+    let writes = Writes::new();
+    let w = writes.clone();
+    with_halves::<2, 2, _>(settling_config(2, SETTLE), move |mut ingest, mut engine| {
+        let mut judge = Judge::new(&writes);
+        let ticket = judge
+            .register(&mut engine, "r1", Mode::Named.expect(2), None, &[1])
+            .expect("room");
+        let key = ticket.key();
+        w.land(1);
+        assert_eq!(notify(&mut ingest, 1, b"r1:2"), Ok(Noticed::Counted));
+        judge.advance(&mut engine, GONE_AT);
+        let producer = thread::spawn(move || {
+            let r = notify(&mut ingest, 0, b"PUSH_FAIL:r1:2");
+            (r, *ingest.counters())
+        });
+        let gone = judge.gone(&mut engine, 0, SETTLE);
+        judge.poll(&mut engine);
+        let (notice, counters) = producer.join().expect("ingest thread");
+        judge.joined();
+        let (t, log) = judge.finish(&mut engine);
+        let t = t[0];
+        assert_eq!(
+            u32::from(notice.is_ok()) + gone,
+            1,
+            "p0's edge is resolved exactly once: notice {notice:?}, gone {gone}"
+        );
+        assert_ingest_counters(&counters, &[Ok(Noticed::Counted), notice]);
+        assert_eq!((t.failed, t.released, t.forced), (1, 1, 0), "{t:?}");
+        let record = engine.record(key).expect("its slot was not reused");
+        let cause = if gone == 1 {
+            EdgeOutcome::Gone
+        } else {
+            EdgeOutcome::FailureNotice
+        };
+        assert_eq!(
+            record.edges.named(),
+            &[(AgentId(0), cause), (AgentId(1), EdgeOutcome::Landed)]
+        );
+        let at = Some(Instant::from_millis(GONE_AT));
+        if gone == 1 {
+            assert_eq!((record.gone_at, record.failure_notice_at), (at, None));
+        } else {
+            assert_eq!((record.gone_at, record.failure_notice_at), (None, at));
+        }
+        assert_eq!(
+            record.settle_end,
+            Some(Instant::from_millis(GONE_AT + SETTLE))
+        );
+        format!("{log} :: {} p0 {}", show(&[notice]), cause.as_str())
+    })
+}
+
+#[test]
+fn gone_vs_failure_notice_same_agent_names_the_winner() {
+    check(
+        "gone_vs_failure_notice_same_agent",
+        GONE_VS_FAILURE_NOTICE_SAME_AGENT,
+        gone_vs_failure_notice_same_agent,
+    );
+}
+
+const GONE_VS_FAILURE_NOTICE_SAME_AGENT: &[&str] = &[
+    // The notice claimed the edge first: the gone resolves nothing, and the pull decides.
+    "gone(p0) =0 r1:failed | r1:released :: Decided p0 failure_notice",
+    "gone(p0) =0 | r1:failed r1:released :: Decided p0 failure_notice",
+    // The gone claimed it and decided; the notice came after its edge claim (duplicate)
+    // or after the request was decided (late).
+    "gone(p0) r1:failed =1 | r1:released :: duplicate p0 gone",
+    "gone(p0) r1:failed =1 | r1:released :: late p0 gone",
+];
 
 #[test]
 fn gone_vs_sibling_completion() {

@@ -1,10 +1,11 @@
-//! The record of a request ([`Engine::record`]): one test per way a request ends, each
-//! checking every field the record reports against what the scenario did.
+//! The record of a request ([`Engine::record`], [`Engine::poll_recorded`]): one test per
+//! way a request ends, each checking every field the record reports against what the
+//! scenario did, and each named edge's cause as the core wrote it.
 #![cfg(not(kvdrain_loom))]
 
 use kvdrain::{
     AgentId, BlockHandle, Config, Decision, Duration, EdgeOutcome, Ended, Expect, FailureCause,
-    Instant, Ledger, Record, RecordedEdges, Registration, RequestKey,
+    Instant, Ledger, Record, Recorded, RecordedEdges, Registration, RequestKey,
 };
 
 const P0: AgentId = AgentId(0);
@@ -42,11 +43,15 @@ fn at(l: &mut L, t: u64) {
     l.advance(ms(t)).expect("clock forward");
 }
 
-/// Every decision waiting, each with the record read right after it was handed out.
+/// Every decision waiting, each with the record handed out with it.
 fn decide(l: &mut L) -> Vec<(&'static str, Record<4>)> {
     let (_, mut engine) = l.split();
     let mut out = Vec::new();
-    while let Some(d) = engine.poll_decision() {
+    while let Some(Recorded {
+        decision: d,
+        record,
+    }) = engine.poll_recorded()
+    {
         let word = match &d {
             Decision::Completed(_) => "completed",
             Decision::Failed(_) => "failed",
@@ -54,9 +59,9 @@ fn decide(l: &mut L) -> Vec<(&'static str, Record<4>)> {
             Decision::Released(r) if r.forced() => "released!",
             Decision::Released(_) => "released",
         };
-        let record = engine
-            .record(d.key())
-            .expect("read before the next registration");
+        assert_eq!(record.key, d.key());
+        // The same record `record` reads until the next registration.
+        assert_eq!(engine.record(d.key()), Some(record));
         out.push((word, record));
     }
     out
@@ -119,7 +124,7 @@ fn failed_by_a_notice_settles_and_names_the_failed_edge() {
     for (_, rec) in failed.iter().chain(&released) {
         assert_eq!(
             named(rec.edges.named()),
-            [(P0, EdgeOutcome::Landed), (P1, EdgeOutcome::Failed)]
+            [(P0, EdgeOutcome::Landed), (P1, EdgeOutcome::FailureNotice)]
         );
         assert_eq!(rec.first_failure(), Some(FailureCause::Notice(ms(30))));
         assert_eq!(rec.decided_at, Some(ms(30)));
@@ -139,6 +144,10 @@ fn failed_by_gone_reports_the_gone_and_its_settling() {
     let d = decide(&mut l);
     let (word, rec) = d[0];
     assert_eq!(word, "failed");
+    assert_eq!(
+        named(rec.edges.named()),
+        [(P0, EdgeOutcome::Landed), (P1, EdgeOutcome::Gone)]
+    );
     assert_eq!(rec.first_failure(), Some(FailureCause::Gone(ms(40))));
     assert_eq!(rec.failure_notice_at, None);
     assert_eq!(rec.settle_end, Some(ms(90)));
@@ -182,6 +191,10 @@ fn aborted_then_fenced_releases_without_settling() {
     let d = decide(&mut l);
     let (word, rec) = d[0];
     assert_eq!(word, "released");
+    assert_eq!(
+        named(rec.edges.named()),
+        [(P0, EdgeOutcome::Landed), (P1, EdgeOutcome::Fenced)]
+    );
     assert_eq!(rec.ended, Some((Ended::Aborted, ms(5))));
     assert_eq!(rec.fenced_at, Some(ms(7)));
     assert_eq!(rec.first_failure(), Some(FailureCause::Aborted(ms(5))));
@@ -256,4 +269,115 @@ fn a_reused_slot_starts_with_an_empty_history() {
         (Some(ms(1450)), Some(ms(1500)))
     );
     assert_eq!(rec.released, None);
+}
+
+const P2: AgentId = AgentId(2);
+const P3: AgentId = AgentId(3);
+
+/// One request, four edges, each ended its own way: the record names every cause, from
+/// the core, whatever order they came in.
+#[test]
+fn each_edge_names_its_own_cause() {
+    let mut l = ledger();
+    let _ = register(&mut l, "r", Expect::Edges(&[P0, P1, P2, P3]));
+    at(&mut l, 10);
+    assert_eq!(l.fence(P3), 1);
+    let _ = l.handle_notification(P0, b"r:4");
+    at(&mut l, 20);
+    assert_eq!(l.gone(P2), 1);
+    let _ = l.handle_notification(P1, b"PUSH_FAIL:r:4");
+    let d = decide(&mut l);
+    let (word, rec) = d[0];
+    assert_eq!(word, "failed");
+    assert_eq!(
+        named(rec.edges.named()),
+        [
+            (P0, EdgeOutcome::Landed),
+            (P1, EdgeOutcome::FailureNotice),
+            (P2, EdgeOutcome::Gone),
+            (P3, EdgeOutcome::Fenced),
+        ]
+    );
+    assert_eq!(
+        (rec.fenced_at, rec.gone_at, rec.failure_notice_at),
+        (Some(ms(10)), Some(ms(20)), Some(ms(20)))
+    );
+    assert_eq!(rec.first_failure(), Some(FailureCause::Fenced(ms(10))));
+    assert!(
+        rec.edges
+            .named()
+            .iter()
+            .all(|&(a, o)| o.failed() == (a != P0))
+    );
+}
+
+/// Whichever resolves an edge first keeps its cause: a notice after a `gone` or a
+/// `fence` of its agent is a duplicate, and a `gone` after a notice resolves nothing.
+#[test]
+fn the_first_resolution_keeps_its_cause() {
+    let mut l = ledger();
+    let _ = register(&mut l, "a", Expect::Edges(&[P0, P1]));
+    let _ = register(&mut l, "b", Expect::Edges(&[P0, P1]));
+    let _ = l.handle_notification(P1, b"PUSH_FAIL:a:2");
+    assert_eq!(l.gone(P1), 1, "only b's edge of P1 was outstanding");
+    assert!(l.handle_notification(P1, b"PUSH_FAIL:b:2").is_err());
+    assert_eq!(l.fence(P0), 2);
+    let d = decide(&mut l);
+    let causes: Vec<_> = d
+        .iter()
+        .map(|(w, r)| (*w, named(r.edges.named())))
+        .collect();
+    assert_eq!(
+        causes[..2],
+        [
+            (
+                "failed",
+                vec![(P0, EdgeOutcome::Fenced), (P1, EdgeOutcome::FailureNotice)]
+            ),
+            (
+                "failed",
+                vec![(P0, EdgeOutcome::Fenced), (P1, EdgeOutcome::Gone)]
+            ),
+        ]
+    );
+}
+
+/// `poll_recorded` and `poll_queued_recorded` hand out the same decisions, in the same
+/// order, as `poll_decision` and `drain_queued`, each with the record `record` reads.
+#[test]
+fn recorded_polls_hand_out_what_the_plain_ones_do() {
+    fn run(recorded: bool) -> Vec<(String, Option<Record<4>>)> {
+        let mut l = ledger();
+        let _ = register(&mut l, "x", Expect::Edges(&[P0, P1]));
+        let _ = register(&mut l, "y", Expect::Count(1));
+        let _ = register(&mut l, "z", Expect::Edges(&[P0]));
+        let _ = l.handle_notification(P0, b"z:1");
+        let _ = l.handle_notification(P1, b"y:1");
+        let _ = l.handle_notification(P0, b"PUSH_FAIL:x:2");
+        assert_eq!(l.gone(P1), 1);
+        let (_, mut engine) = l.split();
+        let mut out = Vec::new();
+        loop {
+            let queued = if recorded {
+                engine
+                    .poll_queued_recorded()
+                    .map(|r| (r.decision, Some(r.record)))
+            } else {
+                engine.drain_queued().next().map(|d| (d, None))
+            };
+            let next = match queued {
+                Some(q) => Some(q),
+                None if recorded => engine.poll_recorded().map(|r| (r.decision, Some(r.record))),
+                None => engine.poll_decision().map(|d| (d, None)),
+            };
+            let Some((d, record)) = next else { break };
+            let record = record.or_else(|| engine.record(d.key()));
+            out.push((format!("{d:?}"), record));
+        }
+        out
+    }
+    let (plain, recorded) = (run(false), run(true));
+    let kinds: Vec<_> = plain.iter().map(|(d, _)| &d[..6]).collect();
+    assert_eq!(kinds, ["Failed", "Comple", "Comple"], "{plain:?}");
+    assert_eq!(plain, recorded);
 }

@@ -71,8 +71,7 @@ mod state;
 use std::sync::Arc;
 
 use kvdrain::{
-    AbortError, AgentId, Decision, EdgeOutcome, Engine, Ignored, Ingest, Instant, Ledger, Noticed,
-    Quarantined, RequestKey,
+    AbortError, AgentId, Engine, Ignored, Ingest, Instant, Ledger, Noticed, Quarantined, Recorded,
 };
 
 use crate::directory::AgentDirectory;
@@ -80,7 +79,7 @@ use crate::transport::{DrainError, GonePeer, Notification, Peer, SendError, Tran
 
 pub use config::{ConsumerConfig, RemoteProducer};
 pub use events::{ConsumerCounters, ConsumerEvent, PollReport, TrackedRequest};
-pub use record::{DecisionRecord, EdgeRecord, EdgeResolution, RecordEdges};
+pub use record::{DecisionRecord, EdgeRecord, RecordEdges};
 pub use register::{ConsumerError, EdgeMode, ReceiveSpec, Registered};
 use state::{EngineState, IngestState};
 
@@ -333,7 +332,7 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         // The core's clock to the driver's first: the edges settle from the moment the
         // peer was seen gone, not from the last advance before it.
         self.advance(self.state.now);
-        let resolved = self.resolve_producer(id, EdgeResolution::Gone);
+        let resolved = self.engine.gone(id);
         self.state.counters.gone_edges += u64::from(resolved);
         self.take_queued();
         resolved
@@ -352,79 +351,24 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
         };
         tracing::warn!(agent = name, cause = "fence", "producer fenced");
         self.state.counters.fences += 1;
-        let resolved = self.resolve_producer(id, EdgeResolution::Fenced);
+        let resolved = self.engine.fence(id);
         self.state.counters.fenced_edges += u64::from(resolved);
         self.take_queued();
         resolved
     }
 
-    /// The core's `gone` or `fence` of `agent` (`how`), noting in each request it
-    /// touched which edge it resolved, for the request's [`DecisionRecord`]: the edges of
-    /// `agent` outstanding before and failed after are this report's, unless the ingest
-    /// half failed some of them by notice meanwhile (more changed than the core resolved:
-    /// then each says [`EdgeResolution::Failed`], cause not told apart). Reads every
-    /// tracked request's record twice: `O(requests × E)`, on this rare path only.
-    fn resolve_producer(&mut self, agent: AgentId, how: EdgeResolution) -> u32 {
-        let owing = |engine: &Engine<'_, N, E>, key: RequestKey| {
-            engine.record(key).and_then(|r| {
-                r.edges
-                    .named()
-                    .iter()
-                    .position(|&(a, o)| a == agent && o == EdgeOutcome::Outstanding)
-            })
-        };
-        let before: Vec<(RequestKey, usize)> = self
-            .state
-            .inflight
-            .keys()
-            .filter_map(|&key| owing(&self.engine, key).map(|edge| (key, edge)))
-            .collect();
-        let resolved = match how {
-            EdgeResolution::Fenced => self.engine.fence(agent),
-            _ => self.engine.gone(agent),
-        };
-        let at = self.engine.now();
-        let failed: Vec<(RequestKey, usize)> = before
-            .into_iter()
-            .filter(|&(key, edge)| {
-                self.engine.record(key).is_some_and(|r| {
-                    r.edges.named().get(edge).map(|e| e.1) == Some(EdgeOutcome::Failed)
-                })
-            })
-            .collect();
-        let how = if failed.len() == resolved as usize {
-            how
-        } else {
-            EdgeResolution::Failed
-        };
-        for (key, edge) in failed {
-            if let (Some(f), Ok(edge)) = (self.state.inflight.get_mut(&key), u8::try_from(edge)) {
-                f.by_driver.push((edge, how, at));
-            }
-        }
-        resolved
-    }
-
-    /// Queues the event of a decision just pulled from the core, with its record, read
-    /// now: the only time it is sure to be the request's (its slot may take the next
-    /// registration once the decision is out).
-    fn hand_out(&mut self, d: Decision) {
-        let key = d.key();
-        let record = self
-            .engine
-            .record(key)
-            .map(|r| record::assemble(&r, self.state.by_driver(key), self.directory));
-        self.state.queue(d, record);
+    /// Queues the event of a decision just pulled from the core, with the record the
+    /// core handed out with it.
+    fn hand_out(&mut self, recorded: Recorded<E>) {
+        let record = DecisionRecord::new(&recorded.record, self.directory);
+        self.state.queue(recorded.decision, record);
     }
 
     /// Takes the decisions the last core `gone`, `fence` or `advance` queued, in order (those of
     /// requests the ingest half drained stay for [`take_ready`](Self::take_ready)).
     fn take_queued(&mut self) {
-        // One decision at a time: each one's record is read before the next is pulled.
-        loop {
-            let next = self.engine.drain_queued().next();
-            let Some(d) = next else { break };
-            self.hand_out(d);
+        while let Some(recorded) = self.engine.poll_queued_recorded() {
+            self.hand_out(recorded);
         }
     }
 
@@ -434,13 +378,13 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
     pub fn take_ready(&mut self) -> usize {
         let mut taken = 0;
         let mut last = None;
-        while let Some(d) = self.engine.poll_decision() {
-            let key = d.key();
+        while let Some(recorded) = self.engine.poll_recorded() {
+            let key = recorded.decision.key();
             if last != Some(key) {
                 taken += 1;
                 last = Some(key);
             }
-            self.hand_out(d);
+            self.hand_out(recorded);
         }
         taken
     }

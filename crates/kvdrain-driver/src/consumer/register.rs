@@ -273,7 +273,6 @@ impl<const N: usize, const E: usize> ConsumerEngine<'_, N, E> {
                 },
                 heartbeat: true,
                 ticket: Some(ticket),
-                by_driver: PerRequest::new(),
             },
         );
     }

@@ -7,11 +7,9 @@ use std::sync::Arc;
 
 use kvdrain::{Decision, Instant, Pending, RequestKey};
 
-use super::record::DriverResolved;
 use super::{
     ConsumerConfig, ConsumerCounters, ConsumerEvent, DecisionRecord, RemoteProducer, TrackedRequest,
 };
-use crate::PerRequest;
 
 /// One registered request, until it is released.
 #[derive(Debug)]
@@ -21,8 +19,6 @@ pub(super) struct InFlight {
     pub(super) heartbeat: bool,
     /// Until decided or aborted.
     pub(super) ticket: Option<Pending>,
-    /// The named edges the driver's own `gone` or `fence` resolved, for the record.
-    pub(super) by_driver: PerRequest<DriverResolved>,
 }
 
 /// What the engine half keeps between calls.
@@ -72,41 +68,37 @@ impl EngineState {
         }
     }
 
-    /// The driver's own resolutions of `key`'s edges (none for a key it does not know).
-    pub(super) fn by_driver(&self, key: RequestKey) -> &[DriverResolved] {
-        self.inflight.get(&key).map_or(&[], |f| &f.by_driver)
-    }
-
-    /// Queues the event for one core decision with its record (`None`: not read, which
-    /// cannot happen): a decode or a release forgets the request, a failure or an expiry
-    /// stops its heartbeats.
-    pub(super) fn queue(&mut self, d: Decision, record: Option<DecisionRecord>) {
+    /// Queues the event for one core decision with its record: a decode or a release
+    /// forgets the request, a failure or an expiry stops its heartbeats. Every key the core
+    /// decides came from this driver's `register`, which tracks it until its last
+    /// decision; a decision for any other key has no request to report and is dropped,
+    /// loudly.
+    pub(super) fn queue(&mut self, d: Decision, record: DecisionRecord) {
         let key = d.key();
-        debug_assert!(
-            record.is_some(),
-            "a decision's record is read at its hand-out"
-        );
-        let record = record.unwrap_or_else(|| {
-            let registered_at = self
-                .inflight
-                .get(&key)
-                .map_or(self.now, |f| f.request.registered_at);
-            DecisionRecord::unread(key, registered_at)
-        });
+        let request = match d {
+            Decision::Completed(_) | Decision::Released(_) => self.forget(key),
+            Decision::Failed(_) | Decision::Expired(_) => self.stop_heartbeat(key),
+        };
+        let Some(request) = request else {
+            debug_assert!(false, "decision for a key never registered");
+            tracing::error!(
+                key = key.get(),
+                "decision for a request the driver does not track"
+            );
+            return;
+        };
         let event = match d {
             Decision::Completed(t) => ConsumerEvent::Decode {
-                request: self.forget(key),
+                request,
                 blocks: t.into_decode(),
                 record,
             },
             Decision::Failed(_) => {
-                let request = self.stop_heartbeat(key);
                 let cause = record.first_failure.map(kvdrain::FailureCause::as_str);
                 tracing::warn!(req = %request.id, cause = "transfer", first_failure = ?cause, "failed");
                 ConsumerEvent::Failed { request, record }
             }
             Decision::Expired(q) => {
-                let request = self.stop_heartbeat(key);
                 tracing::warn!(req = %request.id, cause = "deadline", outstanding = ?q.outstanding(), "expired");
                 ConsumerEvent::Expired {
                     request,
@@ -120,7 +112,7 @@ impl EngineState {
                     tracing::warn!(cause = "quarantine", "released by the quarantine");
                 }
                 ConsumerEvent::Release {
-                    request: self.forget(key),
+                    request,
                     blocks: t.into_free(),
                     forced,
                     record,
@@ -131,38 +123,17 @@ impl EngineState {
     }
 
     /// Stops heartbeating the request and returns what the driver keeps of it.
-    fn stop_heartbeat(&mut self, key: RequestKey) -> TrackedRequest {
-        match self.inflight.get_mut(&key) {
-            Some(f) => {
-                f.heartbeat = false;
-                f.ticket = None;
-                f.request.clone()
-            }
-            None => self.unknown(key),
-        }
+    fn stop_heartbeat(&mut self, key: RequestKey) -> Option<TrackedRequest> {
+        let f = self.inflight.get_mut(&key)?;
+        f.heartbeat = false;
+        f.ticket = None;
+        Some(f.request.clone())
     }
 
-    fn forget(&mut self, key: RequestKey) -> TrackedRequest {
-        match self.inflight.remove(&key) {
-            Some(f) => {
-                self.by_id.remove(&f.request.id);
-                f.request
-            }
-            None => self.unknown(key),
-        }
-    }
-
-    /// A decision for a key the driver does not know: every key comes from `register`, so
-    /// this cannot happen; the blocks are still handed over.
-    fn unknown(&self, key: RequestKey) -> TrackedRequest {
-        debug_assert!(false, "decision for a key never registered");
-        TrackedRequest {
-            key,
-            id: String::new(),
-            producer_engine: String::new(),
-            remote_request_id: String::new(),
-            producers: PerRequest::new(),
-            registered_at: self.now,
-        }
+    /// Forgets the request and returns what the driver kept of it.
+    fn forget(&mut self, key: RequestKey) -> Option<TrackedRequest> {
+        let f = self.inflight.remove(&key)?;
+        self.by_id.remove(&f.request.id);
+        Some(f.request)
     }
 }

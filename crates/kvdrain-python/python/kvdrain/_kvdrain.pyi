@@ -16,7 +16,7 @@ EdgeStateName = Literal[
     "unreachable",
 ]
 
-EdgeHow = Literal["landed", "failure_notice", "gone", "fenced", "failed", "outstanding"]
+EdgeHow = Literal["landed", "failure_notice", "gone", "fenced", "outstanding"]
 FailureCauseName = Literal["failure_notice", "gone", "fenced", "aborted", "expired"]
 
 __version__: str
@@ -38,9 +38,9 @@ class Decision:
     @property
     def outstanding(self) -> int | list[str] | None: ...
     @property
-    def record(self) -> Record | None:
+    def record(self) -> Record:
         """What the ledger knew of the request when this decision was taken (a new object
-        at each read; ``None`` only if it could not be read)."""
+        at each read; every decision has one)."""
 
 @final
 class Record:
@@ -61,9 +61,9 @@ class Record:
     def owed(self) -> int: ...
     @property
     def edges(self) -> list[tuple[str, EdgeHow, int | None]]:
-        """Named edges in registration order: ``(agent, how, at_ms)``; empty when
-        counting. ``at_ms`` is known for ``gone`` and ``fenced`` (the call's clock) and for
-        a request's only ``failure_notice``."""
+        """Named edges in registration order: ``(agent, how, at_ms)``, ``how`` the cause the
+        core recorded as the edge resolved; empty when counting. ``at_ms`` is the request's
+        time for that cause when the edge is its only one with it, else ``None``."""
     @property
     def failure_notice_ms(self) -> int | None: ...
     @property

@@ -204,3 +204,32 @@ def test_the_record_is_exported_and_not_constructible() -> None:
     assert kvdrain.Record is Record
     with pytest.raises(TypeError):
         Record()
+
+
+def test_two_gone_edges_name_their_cause_and_leave_the_times_unset() -> None:
+    """Each edge's cause is the core's; the request keeps the last ``gone``'s time only,
+    so neither of two ``gone`` edges claims it."""
+    led = ledger()
+    led.register("r", None, ["p0", "p1", "p2"])
+    led.feed({"p0": [b"r:3"]})
+    assert led.gone("p1", now_ms=10) == []
+    (failed,) = led.gone("p2", now_ms=25)
+    rec = record(failed)
+    assert rec.edges == [("p0", "landed", None), ("p1", "gone", None), ("p2", "gone", None)]
+    # The request's `gone` time is the last one's, and so is its first failure's.
+    assert (rec.gone_ms, rec.first_failure, rec.first_failure_ms) == (25, "gone", 25)
+
+
+def test_a_notice_after_a_fence_of_its_agent_leaves_the_fence_as_the_cause() -> None:
+    led = ledger()
+    led.register("r", None, ["p0", "p1"])
+    assert led.fence("p1", now_ms=5) == []
+    led.feed({"p1": [b"PUSH_FAIL:r:2"]}, now_ms=6)  # a duplicate: the edge is resolved
+    led.feed({"p0": [b"r:2"]})
+    (failed, released) = led.poll()
+    assert (failed.kind, released.kind) == ("failed", "released")
+    for d in (failed, released):
+        rec = record(d)
+        assert rec.edges == [("p0", "landed", None), ("p1", "fenced", 5)]
+        assert (rec.failure_notice_ms, rec.fenced_ms, rec.settle_end_ms) == (None, 5, None)
+        assert (rec.first_failure, rec.first_failure_ms) == ("fenced", 5)
