@@ -196,8 +196,12 @@ def generate(seed: int, kind: Kind) -> Scenario:
     # vLLM's heartbeat extends a lease by two thirds of it, in whole seconds: nothing
     # for a lease of 1 s.
     lease_s = 3 if stall else rng.choice([1, 3])
-    quarantine = lease_s * 1000 + rng.choice([1, 300, 500] if stall else [1, 500, 1000, 2000])
-    timing = Timing(lease_s, deadline, quarantine, rng.choice([100, 300]))
+    # Every quarantine the plugin accepts at load (at least the lease plus the margin),
+    # from the smallest up: a window the load-time check left open would show here.
+    margin = 1_000
+    spare = rng.choice([0, 300, 500] if stall else [0, 500, 1000, 2000])
+    quarantine = lease_s * 1000 + margin + spare
+    timing = Timing(lease_s, deadline, quarantine, rng.choice([100, 300]), margin)
     n_req = rng.randint(1, 3)
     reqs = []
     for k in range(n_req):
@@ -275,6 +279,7 @@ class Result:
     notes: list[str]
     late_rids: set[str] = field(default_factory=set)  # requests with a block landed late
     refused: bool = False  # the connector refused the scenario's settings at load
+    writes: int = 0  # WRITEs posted: a run that posts none judges the producer on nothing
 
 
 @dataclass
@@ -476,7 +481,7 @@ def run(sc: Scenario, which: str) -> Result:
             flag("hang", f"{e.name} still holds {rid} ({e.status(rid)}) at the end")
         if e.free_blocks() != e.total_blocks:
             flag("leak", f"{e.name}: {e.total_blocks - e.free_blocks()} block(s) not back at the end")
-    return Result(sc, which, viol, notes, late_rids)
+    return Result(sc, which, viol, notes, late_rids, writes=len(net.writes))
 
 
 class Summary:

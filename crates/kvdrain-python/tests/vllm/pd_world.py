@@ -77,7 +77,7 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 from kvdrain.vllm._nixl_tap import NixlTap
-from kvdrain.vllm._settings import Settings
+from kvdrain.vllm._settings import Settings, settings_from_extra_config
 
 PROMPT_TOKENS = 3 * BLOCK_SIZE
 D_HANDLE = 50  # P's remote transfer-side handle for D rank d is D_HANDLE + d
@@ -577,12 +577,15 @@ def d_request(rid: str, *, p_tp: int) -> Request:
 
 @dataclass(frozen=True)
 class Timing:
-    """The settings both engines run with (vLLM's and the plugin's)."""
+    """The settings both engines run with (vLLM's and the plugin's). ``margin_ms`` is
+    the plugin's ``kvdrain_margin_ms``: it covers a notice's transit and the longest
+    WRITE a scenario plans (900 ms), as an operator's must."""
 
     lease_s: int
     deadline_ms: int
     quarantine_ms: int
     settle_ms: int
+    margin_ms: int = 1_000
 
     def extra(self) -> dict[str, Any]:
         return {
@@ -591,11 +594,13 @@ class Timing:
             "kvdrain_deadline_ms": self.deadline_ms,
             "kvdrain_quarantine_ms": self.quarantine_ms,
             "kvdrain_settle_ms": self.settle_ms,
+            "kvdrain_margin_ms": self.margin_ms,
             "kvdrain_capacity": 256,
         }
 
     def settings(self) -> Settings:
-        return Settings(self.deadline_ms, self.quarantine_ms, self.settle_ms, 256)
+        """What the plugin reads from :meth:`extra`, its load-time checks included."""
+        return settings_from_extra_config(self.extra())
 
 
 def build_decode(which: str, *, d_tp: int, p_tp: int, timing: Timing, net: Net, clock: Clock) -> Engine:

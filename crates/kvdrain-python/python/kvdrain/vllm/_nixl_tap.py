@@ -47,6 +47,7 @@ class NixlTap:
 
     watch: CallWatch  # a class default too: __getattr__ must not recurse before __init__
     watch = CallWatch(0)
+    _agent: Any = None
 
     def __init__(
         self,
@@ -55,12 +56,26 @@ class NixlTap:
         prefill: PrefillSide,
         watch: CallWatch | None = None,
     ) -> None:
-        self.agent = agent
         self._decode = decode
         self._prefill = prefill
         if watch is not None:
             self.watch = watch
-        # The overridden calls, timed (each looks the agent's method up at the call).
+        self._cached: list[str] = []
+        self.agent = agent
+
+    @property
+    def agent(self) -> Any:
+        """The NIXL agent every call goes to."""
+        return self._agent
+
+    @agent.setter
+    def agent(self, agent: Any) -> None:
+        # Every timed call is bound to the agent it was built for: a new agent (a test's
+        # fake, a fault injector) gets its own, and the ones __getattr__ kept are dropped.
+        self._agent = agent
+        for name in self._cached:
+            self.__dict__.pop(name, None)
+        self._cached = []
         self._get_new_notifs = self.watch.timed(agent, "get_new_notifs")
         self._send_notif = self.watch.timed(agent, "send_notif")
         self._check_xfer_state = self.watch.timed(agent, "check_xfer_state")
@@ -68,11 +83,12 @@ class NixlTap:
         self._get_xfer_telemetry = self.watch.timed(agent, "get_xfer_telemetry")
 
     def __getattr__(self, name: str) -> Any:
-        value = getattr(self.agent, name)
+        value = getattr(self._agent, name)
         if not callable(value) or not self.watch.enabled:
             return value
         # The timed method stays on the tap: the next access is a plain attribute read.
-        timed = self.__dict__[name] = self.watch.timed(self.agent, name)
+        timed = self.__dict__[name] = self.watch.timed(self._agent, name)
+        self._cached.append(name)
         return timed
 
     def get_new_notifs(self) -> dict[str, list[bytes]]:
