@@ -1,4 +1,4 @@
-"""A prefill engine and a decode engine of vLLM 0.33, wired by a fake NIXL with timing.
+"""A prefill engine and a decode engine of vLLM (0.33 or 0.34), wired by a fake NIXL with timing.
 
 Both engines are vLLM's real ``Scheduler`` (with its real KV cache manager and block
 pool) and real push worker classes, built as :mod:`harness` builds them: the plugin's
@@ -19,7 +19,7 @@ hardware is :class:`Net`:
 One virtual clock drives both engines: the plugin's (``kvdrain_attach``) and vLLM's own
 (``time.perf_counter`` in the NIXL connector's modules, patched by
 :func:`virtual_time`). Every writer thread runs inline (:func:`writer_pass`, the body of
-vLLM 0.33's writer loop), so a run is deterministic.
+vLLM's writer loop, the same in 0.33 and 0.34), so a run is deterministic.
 
 The world only records what happened (posts, lands, notices, frees); the verdicts are
 :mod:`pd_oracle`'s.
@@ -43,6 +43,7 @@ from harness import (
     NUM_BLOCKS,
     P_ENGINE,
     PLUGIN,
+    REGION_PAIRS,
     Clock,
     DecodeEngine,
     FakeNixl,
@@ -52,6 +53,7 @@ from harness import (
     nixlNotFoundError,
     vllm_config,
 )
+from vllm_cpu import model_runner_output
 from vllm.distributed.kv_transfer.kv_connector.utils import (
     EngineTransferInfo,
     KVOutputAggregator,
@@ -72,7 +74,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -378,6 +380,8 @@ def install_consumer(w: NixlPushConnectorWorker, d_tp: int) -> dict[tuple[int, i
         w.dst_region_num_blocks[eid] = None
         w.dst_region_group_ids[eid] = []
         w.dst_uses_region_group_mapping[eid] = False
+    if REGION_PAIRS is not None:  # 0.34: one region on each side, cache group 0
+        w._dst_pairs[D_ENGINE] = REGION_PAIRS(remote=[0], local=[0], group=[0], remote_regions=[0], partner=[0])
     return {(0, d): f"D{d}" for d in range(d_tp)}
 
 
@@ -385,7 +389,7 @@ def install_consumer(w: NixlPushConnectorWorker, d_tp: int) -> dict[tuple[int, i
 
 
 def writer_pass(w: NixlPushConnectorWorker) -> None:
-    """One pass of vLLM 0.33's ``_push_writer_loop`` body (steps 1 to 4), inline. The
+    """One pass of vLLM's ``_push_writer_loop`` body (steps 1 to 4), inline. The
     loop logs and swallows an exception; here it propagates (a fault of the world)."""
     while True:
         try:
@@ -432,7 +436,8 @@ def pd_nixl(w: NixlPushConnectorWorker) -> PdNixl:
 
 
 def _use_nixl(w: NixlPushConnectorWorker, nixl: PdNixl) -> None:
-    w._dram_src_handles_by_tp_ratio = {}  # read by vLLM's shutdown when collected
+    w._dram_src_handles_by_tp_ratio = {}  # read by vLLM 0.33's shutdown when collected
+    w._dram_src_handles_by_block_size = {}  # and by 0.34's
     if isinstance(w.nixl_wrapper, NixlTap):
         w.nixl_wrapper.agent = nixl
     else:
@@ -523,12 +528,7 @@ class Engine:
                 )
                 ids = list(out.num_scheduled_tokens)
                 outputs.append(
-                    ModelRunnerOutput(
-                        req_ids=ids,
-                        req_id_to_index={r: i for i, r in enumerate(ids)},
-                        sampled_token_ids=[[7] for _ in ids],
-                        kv_connector_output=kvo,
-                    )
+                    model_runner_output(ids, sampled_token_ids=[[7] for _ in ids], kv_connector_output=kvo)
                 )
             agg = self.aggregator.aggregate(outputs)
             assert agg is not None

@@ -1,6 +1,6 @@
 """The prefill and the decode side together, under generated scenarios and an oracle.
 
-vLLM 0.33.0's real prefill engine (scheduler and push workers) and real decode engine,
+vLLM's real prefill engine (scheduler and push workers) and real decode engine,
 wired by a fake NIXL whose WRITEs land block by block after a delay
 (:mod:`pd_world`); the scenarios and the oracle are :mod:`pd_oracle`'s. Every scenario
 runs through the plugin on both sides and through vLLM's own connector on both sides
