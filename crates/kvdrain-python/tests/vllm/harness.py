@@ -56,7 +56,7 @@ from kvdrain.vllm._settings import Settings
 from kvdrain.vllm._nixl_tap import NixlTap
 from kvdrain.vllm.connector import KvdrainPushWorker
 
-__all__ = ["BLOCK_SIZE", "CONTROL", "LAYERS", "PLUGIN"]
+__all__ = ["BLOCK_SIZE", "CONTROL", "LAYERS", "PLUGIN", "REGION_PAIRS"]
 
 NUM_BLOCKS = 64
 
