@@ -25,12 +25,13 @@ if [[ ! -x "$venv/bin/python" ]]; then
 fi
 stamp="$venv/.kvdrain-dev-requirements"
 if ! cmp -s "$constraints" "$stamp"; then
-    log "installing maturin, pytest, mypy, hypothesis"
+    log "installing maturin, pytest, mypy, hypothesis, msgspec"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" \
         maturin \
         pytest \
         mypy \
-        hypothesis
+        hypothesis \
+        msgspec
     cp "$constraints" "$stamp"
 fi
 

@@ -145,7 +145,7 @@ fn refused_for_a_reason(c: &Body<'_>, e: EncodeError) {
         EncodeError::ZeroTpSize => assert_eq!(c.tp_size, 0),
         EncodeError::ReservedPrefix => {
             let bytes = std::format!("{}:", c.request_id);
-            let reserved = ["HB:", "PUSH_FAIL:", "PUSH_REG:"];
+            let reserved = ["HB:", "PUSH_FAIL:", "PUSH_REG:", "PUSH_CANCEL:"];
             assert!(
                 reserved.iter().any(|p| bytes.starts_with(p)),
                 "{c:?} refused"

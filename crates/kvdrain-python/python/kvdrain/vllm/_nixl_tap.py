@@ -22,11 +22,14 @@ watchdog if it stalls.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvdrain.vllm._decode import DecodeSide
 from kvdrain.vllm._nixl_watch import CallWatch
-from kvdrain.vllm._prefill import PrefillSide
+
+if TYPE_CHECKING:
+    # Annotations only: the prefill side needs msgspec, which only vLLM's venv has.
+    from kvdrain.vllm._decode import DecodeSide
+    from kvdrain.vllm._prefill import PrefillSide
 
 __all__ = ["NixlTap", "agent_name"]
 
