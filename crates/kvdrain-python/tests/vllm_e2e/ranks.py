@@ -222,9 +222,11 @@ class RankWorker:
         if decode is not None:
             register = decode.register
 
-            def recording_register(rid: str, groups: Any, expect: Any, report: Any) -> Any:
+            def recording_register(
+                rid: str, groups: Any, expect: Any, report: Any, *rest: Any
+            ) -> Any:
                 self.expects[rid] = expect
-                return register(rid, groups, expect, report)
+                return register(rid, groups, expect, report, *rest)
 
             decode.register = recording_register
         shape = (
