@@ -48,7 +48,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -61,8 +61,9 @@ from kvdrain._errors import (
 from kvdrain._kvdrain import Decision, Ledger, Record
 from kvdrain.vllm._recorder import FlightRecorder, RecordingLedger
 from kvdrain.vllm._settings import Settings
+from kvdrain.vllm._topology import block_groups
 
-__all__ = ["COUNT_KEYS", "DecodeReport", "DecodeSide", "Phase", "Registered", "producer_ranks"]
+__all__ = ["COUNT_KEYS", "DecodeReport", "DecodeSide", "Phase", "Registered"]
 
 logger = logging.getLogger("vllm.kvdrain")
 
@@ -120,25 +121,6 @@ COUNT_KEYS = (
     *(f"ignored_{k}" for k in _IGNORED),
 )
 """The keys of :attr:`DecodeReport.counts` (``kvdrain.vllm._metrics`` names the series)."""
-
-
-def block_groups(block_ids: object) -> list[list[int]]:
-    """``BlockIds`` (one list per KV cache group, or one flat list) as lists of ints."""
-    if not block_ids or not isinstance(block_ids, Sequence):
-        return []
-    if isinstance(block_ids[0], int):
-        return [list(block_ids)]
-    return [list(g) for g in block_ids]
-
-
-def producer_ranks(d_rank: int, d_tp: int, p_tp: int) -> list[int]:
-    """The producer TP ranks whose WRITEs land on consumer rank ``d_rank`` (one PP
-    stage): ``k = p_tp / d_tp`` consecutive ranks when the producer has more, else the
-    one rank whose heads this rank holds."""
-    if p_tp >= d_tp:
-        k = p_tp // d_tp
-        return list(range(d_rank * k, d_rank * k + k))
-    return [d_rank * p_tp // d_tp]
 
 
 @dataclass

@@ -25,7 +25,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import (
 )
 
 from kvdrain.vllm import _gate
-from kvdrain.vllm._decode import block_groups
+from kvdrain.vllm._metadata import KvdrainConnectorMetadata
+from kvdrain.vllm._topology import block_groups
 from kvdrain.vllm._settings import Settings
 
 if TYPE_CHECKING:
@@ -33,23 +34,9 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-__all__ = ["KvdrainConnectorMetadata", "KvdrainPushScheduler"]
+__all__ = ["KvdrainPushScheduler"]
 
 logger = logging.getLogger("vllm.kvdrain")
-
-
-class KvdrainConnectorMetadata(NixlConnectorMetadata):
-    """vLLM's metadata plus ``recv_finished_early``: the ids of receiving requests that
-    finished on the scheduler since the last step, so every worker fences their blocks."""
-
-    recv_finished_early: set[str]
-
-    @classmethod
-    def wrapping(cls, meta: NixlConnectorMetadata, early: set[str]) -> KvdrainConnectorMetadata:
-        out = cls.__new__(cls)
-        out.__dict__.update(meta.__dict__)
-        out.recv_finished_early = early
-        return out
 
 
 class KvdrainPushScheduler(NixlPushConnectorScheduler):
