@@ -3,7 +3,7 @@
 * **Receives that finish early.** A decode request that finishes (abort, or the load
   failure policy) while its KV may still be landing keeps its blocks
   (``delay_free_blocks``), and the next step's metadata tells every worker
-  (``recv_finished_early``) so each rank's ledger fences them. The blocks come back when
+  (``recv_finished_early``) so each rank's ledger holds them. The blocks come back when
   every rank names the request in ``finished_recving``.
 * **Admission.** Every rank tracks every receive, so the engine as a whole decides how
   many may be in flight: a receive that would take more than ``kvdrain_capacity`` slots
