@@ -57,6 +57,7 @@ fn _kvdrain(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<decision::Decision>()?;
     m.add_class::<record::PyRecord>()?;
     m.add_class::<producer::PyPushPlan>()?;
+    m.add_function(wrap_pyfunction!(producer::producers_of, m)?)?;
     m.add_function(wrap_pyfunction!(wire::encode_cancel, m)?)?;
     m.add_function(wrap_pyfunction!(wire::parse_cancel, m)?)?;
     m.add("TABLE_SIZES", ledger::TABLE_SIZES.to_vec())?;

@@ -255,3 +255,34 @@ impl PyPushPlan {
         ))
     }
 }
+
+/// `kvdrain.producers_of`: the `(pp_stage, tp_rank)` producer ranks whose WRITEs land on
+/// consumer rank `d_rank`, in order: the core's [`Topology::producers_of`], so the vLLM
+/// plugin's expectation and the producer's plan come from one rule.
+#[pyfunction]
+#[pyo3(signature = (d_rank, *, p_tp, d_tp, p_pp = None, mla = false))]
+#[pyo3(text_signature = "(d_rank, *, p_tp, d_tp, p_pp=1, mla=False)")]
+pub(crate) fn producers_of(
+    d_rank: &Bound<'_, PyAny>,
+    p_tp: &Bound<'_, PyAny>,
+    d_tp: &Bound<'_, PyAny>,
+    p_pp: Option<&Bound<'_, PyAny>>,
+    mla: bool,
+) -> PyResult<Vec<(u16, u16)>> {
+    let size = |value, name| args::unsigned::<u16>(value, name, topology_message);
+    let topology = Topology {
+        p_tp: size(p_tp, "p_tp")?,
+        p_pp: args::unsigned_opt(p_pp, "p_pp", topology_message)?.unwrap_or(1),
+        d_tp: size(d_tp, "d_tp")?,
+        mla,
+    };
+    topology.validate().map_err(topology_error)?;
+    let d_rank = size(d_rank, "d_rank")?;
+    if d_rank >= topology.d_tp {
+        return Err(topology_message(format!(
+            "d_rank={d_rank} is outside the consumer's {} ranks",
+            topology.d_tp
+        )));
+    }
+    Ok(topology.producers_of(d_rank).collect())
+}

@@ -99,8 +99,15 @@ def vllm_config(
     """The config of one engine with connector ``which`` (``PLUGIN`` or ``CONTROL``) in
     ``role`` (``kv_producer`` or ``kv_consumer``), a DRAM KV buffer, ``num_blocks``
     blocks, the NHD layout set (the engine core would resolve it) and
-    ``kv_connector_extra_config`` ``extra``."""
+    ``kv_connector_extra_config`` ``extra`` (for the plugin, ``kvdrain_nixl_sync`` from
+    ``KVDRAIN_TEST_NIXL_SYNC`` when set and ``extra`` sets none)."""
     name, module = CONNECTORS[which]
+    extra = dict(extra or {})
+    sync = os.environ.get("KVDRAIN_TEST_NIXL_SYNC")
+    if which == PLUGIN and sync:
+        # The plugin's agents in another NIXL thread-sync mode (the stall runs of
+        # docs/limits.md compare "none", vLLM's own, with the default).
+        extra.setdefault("kvdrain_nixl_sync", sync)
     kv = KVTransferConfig(
         kv_connector=name,
         kv_connector_module_path=module,
@@ -108,7 +115,7 @@ def vllm_config(
         kv_buffer_device="cpu",
         engine_id=engine_id,
         kv_load_failure_policy=policy,
-        kv_connector_extra_config=dict(extra or {}),
+        kv_connector_extra_config=extra,
     )
     model = ModelConfig(model=model_dir(model_root), skip_tokenizer_init=True, dtype="float32")
     cfg = VllmConfig(

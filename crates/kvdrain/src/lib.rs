@@ -18,7 +18,7 @@
 //! `SETTLING` (rule 8) is passed through at once, with no wait, unless a failure notice
 //! (`PUSH_FAIL:`) or a [`gone`](Engine::gone) of its agent resolved one of the request's
 //! edges less than [`settle`](Config::settle) ago: the write it reports may have
-//! failed after it was posted and still be landing, so the blocks stay fenced until
+//! failed after it was posted and still be landing, so the blocks stay held until
 //! `settle` after the last such notice or `gone` (or, for an aborted or expired
 //! request, until its quarantine ends, if that comes first: a forced release is never
 //! delayed). A settling request is decided

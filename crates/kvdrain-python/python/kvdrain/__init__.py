@@ -40,6 +40,7 @@ from kvdrain._kvdrain import (
     __version__,
     encode_cancel,
     parse_cancel,
+    producers_of,
 )
 from kvdrain._producer import Outcome, failure_notices, plan_outcomes
 
@@ -67,5 +68,6 @@ __all__ = [
     "failure_notices",
     "parse_cancel",
     "plan_outcomes",
+    "producers_of",
     "__version__",
 ]

@@ -218,6 +218,14 @@ class PushPlan:
     @property
     def all_landed(self) -> bool: ...
 
+def producers_of(
+    d_rank: int, *, p_tp: int, d_tp: int, p_pp: int = 1, mla: bool = False
+) -> list[tuple[int, int]]:
+    """The ``(pp_stage, tp_rank)`` producer ranks whose WRITEs land on consumer rank
+    ``d_rank``, in order (the core's ``Topology::producers_of``). Raises TopologyError for
+    sizes out of range, a larger TP size that is not a multiple of the smaller, or a
+    ``d_rank`` outside ``0..d_tp``."""
+
 def encode_cancel(request_id: str) -> bytes:
     """``PUSH_CANCEL:{request_id}``: what a consumer sends each producer it registered
     ``request_id`` with once it gives the request up. Raises InvalidRequestIdError for an

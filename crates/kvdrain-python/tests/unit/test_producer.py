@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import kvdrain
-from kvdrain import PushPlan, failure_notices, plan_outcomes
+from kvdrain import PushPlan, failure_notices, plan_outcomes, producers_of
 
 
 def test_equal_tp_each_rank_writes_its_own() -> None:
@@ -146,6 +146,58 @@ def test_each_notice_is_owed_once() -> None:
     assert plan.owed_notices() == plan.owed_notices() == [("D0", b"PUSH_FAIL:r:1")]
     plan.noticed(0)
     assert plan.owed_notices() == []
+
+
+@pytest.mark.parametrize(
+    ("d_rank", "kwargs", "producers"),
+    [
+        (1, dict(p_tp=2, d_tp=2), [(0, 1)]),
+        (0, dict(p_tp=2, d_tp=1), [(0, 0), (0, 1)]),
+        (1, dict(p_tp=4, d_tp=2), [(0, 2), (0, 3)]),
+        (1, dict(p_tp=1, d_tp=2), [(0, 0)]),
+        (3, dict(p_tp=2, d_tp=4), [(0, 1)]),
+        (0, dict(p_tp=2, d_tp=1, p_pp=2), [(0, 0), (0, 1), (1, 0), (1, 1)]),
+        (0, dict(p_tp=2, d_tp=1, mla=True), [(0, 0), (0, 1)]),
+    ],
+)
+def test_producers_of_a_consumer_rank(
+    d_rank: int, kwargs: dict[str, object], producers: list[tuple[int, int]]
+) -> None:
+    assert producers_of(d_rank, **kwargs) == producers  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("p_tp", "d_tp", "p_pp"), [(1, 1, 1), (2, 1, 2), (1, 4, 1), (4, 2, 1), (2, 8, 3)])
+def test_producers_of_is_the_inverse_of_each_plans_targets(p_tp: int, d_tp: int, p_pp: int) -> None:
+    agents: list[str | None] = [f"D{d}" for d in range(d_tp)]
+    writes = {
+        (stage, p, d)
+        for stage in range(p_pp)
+        for p in range(p_tp)
+        for d in PushPlan(
+            "r", p_tp=p_tp, d_tp=d_tp, d_agents=agents, tp_rank=p, p_pp=p_pp, pp_stage=stage
+        ).targets
+    }
+    assert writes == {
+        (stage, p, d)
+        for d in range(d_tp)
+        for stage, p in producers_of(d, p_tp=p_tp, d_tp=d_tp, p_pp=p_pp)
+    }
+
+
+@pytest.mark.parametrize(
+    ("d_rank", "kwargs"),
+    [
+        (0, dict(p_tp=0, d_tp=1)),
+        (0, dict(p_tp=3, d_tp=2)),
+        (2, dict(p_tp=2, d_tp=2)),
+        (-1, dict(p_tp=1, d_tp=1)),
+        (True, dict(p_tp=1, d_tp=1)),
+        (0, dict(p_tp=1, d_tp=1, p_pp=0)),
+    ],
+)
+def test_producers_of_refuses_bad_topologies(d_rank: int, kwargs: dict[str, object]) -> None:
+    with pytest.raises(kvdrain.TopologyError):
+        producers_of(d_rank, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -89,8 +89,9 @@ def test_decisions_releases_ignored_notices_and_gauges_reach_the_scrape() -> Non
     assert value(text, "vllm:kvdrain_failed_edges_total", cause="failure_notice") == 1
     assert value(text, "vllm:kvdrain_ignored_notices_total", reason="malformed") == 1
     assert value(text, "vllm:kvdrain_ignored_notices_total", reason="unknown") == 1
-    # bad's 3 blocks are fenced on rank 0; rank 1 still waits 1 s for P1's write into it.
-    assert value(text, "vllm:kvdrain_fenced_blocks") == 3
+    # bad's 3 blocks are held on rank 0; rank 1 still waits 1 s for P1's write into it.
+    assert value(text, "vllm:kvdrain_held_blocks") == 3
+    assert value(text, "vllm:kvdrain_fenced_blocks") == 3  # the deprecated name, the same
     assert value(text, "vllm:kvdrain_oldest_receive_age_seconds") == 1.0
     e.clock.advance_ms(SETTLE_MS)
     s = e.step()  # rank 0 releases bad (settled); rank 1 learns bad was failed: aborted
@@ -98,11 +99,12 @@ def test_decisions_releases_ignored_notices_and_gauges_reach_the_scrape() -> Non
     text = scrape(e)
     assert value(text, "vllm:kvdrain_releases_total", how="settled") == 1
     assert value(text, "vllm:kvdrain_decisions_total", kind="aborted") == 1
-    assert value(text, "vllm:kvdrain_fenced_blocks") == 3  # rank 1's now
+    assert value(text, "vllm:kvdrain_held_blocks") == 3  # rank 1's now
     s = e.step({1: {"P1": [completion("bad", 2)]}})  # P1's write landed after all
     assert s.finished_recving == {"bad"}
     text = scrape(e)
     assert value(text, "vllm:kvdrain_releases_total", how="resolved") == 1
+    assert value(text, "vllm:kvdrain_held_blocks") == 0
     assert value(text, "vllm:kvdrain_fenced_blocks") == 0
     assert value(text, "vllm:kvdrain_oldest_receive_age_seconds") == 0
     e.run(2)

@@ -48,7 +48,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -61,8 +61,9 @@ from kvdrain._errors import (
 from kvdrain._kvdrain import Decision, Ledger, Record
 from kvdrain.vllm._recorder import FlightRecorder, RecordingLedger
 from kvdrain.vllm._settings import Settings
+from kvdrain.vllm._topology import block_groups
 
-__all__ = ["COUNT_KEYS", "DecodeReport", "DecodeSide", "Phase", "Registered", "producer_ranks"]
+__all__ = ["COUNT_KEYS", "DecodeReport", "DecodeSide", "Phase", "Registered"]
 
 logger = logging.getLogger("vllm.kvdrain")
 
@@ -94,8 +95,8 @@ def record_fields(record: Record | None) -> dict[str, object]:
 
 Phase = Literal["waiting", "failed", "aborted", "held"]
 """Where a receive this rank has not reported yet stands: ``waiting`` for its writes,
-``failed`` (or expired) for the client with its blocks fenced, ``aborted`` by the
-scheduler with its blocks fenced, ``held`` after a refusal or a failure of vLLM's own
+``failed`` (or expired) for the client with its blocks held, ``aborted`` by the
+scheduler with its blocks held, ``held`` after a refusal or a failure of vLLM's own
 while another rank may have let the producers write."""
 
 Registered = Literal["tracked", "duplicate", "refused", "held"]
@@ -120,25 +121,6 @@ COUNT_KEYS = (
     *(f"ignored_{k}" for k in _IGNORED),
 )
 """The keys of :attr:`DecodeReport.counts` (``kvdrain.vllm._metrics`` names the series)."""
-
-
-def block_groups(block_ids: object) -> list[list[int]]:
-    """``BlockIds`` (one list per KV cache group, or one flat list) as lists of ints."""
-    if not block_ids or not isinstance(block_ids, Sequence):
-        return []
-    if isinstance(block_ids[0], int):
-        return [list(block_ids)]
-    return [list(g) for g in block_ids]
-
-
-def producer_ranks(d_rank: int, d_tp: int, p_tp: int) -> list[int]:
-    """The producer TP ranks whose WRITEs land on consumer rank ``d_rank`` (one PP
-    stage): ``k = p_tp / d_tp`` consecutive ranks when the producer has more, else the
-    one rank whose heads this rank holds."""
-    if p_tp >= d_tp:
-        k = p_tp // d_tp
-        return list(range(d_rank * k, d_rank * k + k))
-    return [d_rank * p_tp // d_tp]
 
 
 @dataclass
@@ -201,7 +183,7 @@ class DecodeSide:
         self._blocks: dict[str, int] = {}  # blocks of every request with a phase
         # Waiting requests by registration, oldest first: request -> registered at (ms).
         self._waiting_since: dict[str, int] = {}
-        self._fenced_blocks = 0  # blocks of the requests not waiting
+        self._held_blocks = 0  # blocks of the requests not waiting
         self._now = 0  # the engine thread's clock at its last catch-up or step (ms)
         # Refused receives held for the quarantine: request -> (release time ms, blocks).
         self._held_until: dict[str, tuple[int, list[list[int]]]] = {}
@@ -237,10 +219,10 @@ class DecodeSide:
         return self._phase.get(rid)
 
     def gauges(self) -> tuple[int, float]:
-        """``(blocks fenced now, age in s of the oldest receive still waiting)``."""
+        """``(blocks held now, age in s of the oldest receive still waiting)``."""
         oldest = next(iter(self._waiting_since.values()), None)
         age = 0.0 if oldest is None else (self._now - oldest) / 1000
-        return self._fenced_blocks, age
+        return self._held_blocks, age
 
     # -- writer thread ---------------------------------------------------------------- #
 
@@ -341,7 +323,7 @@ class DecodeSide:
 
     def abort(self, rid: str, report: DecodeReport) -> None:
         """The scheduler finished ``rid`` before its receive was reported (abort, or the
-        load failure policy): its blocks stay fenced until the ledger releases them."""
+        load failure policy): its blocks stay held until the ledger releases them."""
         if self._phase.get(rid) != "waiting":
             return
         try:
@@ -376,7 +358,7 @@ class DecodeSide:
             # The scheduler keeps it waiting (and heartbeating) until the release: given
             # up here, its producer is told at the next step.
             self._give_up(rid, self._cancels)
-        self._fence(rid, "held")
+        self._hold(rid, "held")
         self._outcome.setdefault(rid, {"outcome": "failed_by_vllm", "decided_ms": self._now})
         return True
 
@@ -437,13 +419,13 @@ class DecodeSide:
             self._decided(rid, d)
             if phase == "waiting":
                 self._give_up(rid, report.cancelled if kind == "expired" else None)
-                self._fence(rid, "failed")
+                self._hold(rid, "failed")
             if kind == "failed":
                 report.failed += 1
             else:
                 report.expired += 1
             logger.warning(
-                "kvdrain: receive of %s %s; its blocks stay fenced until released", rid, kind
+                "kvdrain: receive of %s %s; its blocks stay held until released", rid, kind
             )
             self._report_invalid(rid, block_groups(d.blocks), report)
         elif kind == "aborted":
@@ -451,7 +433,7 @@ class DecodeSide:
             self._decided(rid, d)
             if phase == "waiting":
                 self._give_up(rid, report.cancelled)
-                self._fence(rid, "aborted")
+                self._hold(rid, "aborted")
         elif kind == "released":
             how = "forced" if d.forced else "settled" if phase == "failed" else "resolved"
             self._released(rid, block_groups(d.blocks), report, how, d.record)
@@ -539,12 +521,12 @@ class DecodeSide:
         if phase == "waiting":
             self._waiting_since[rid] = self._now
         else:
-            self._fenced_blocks += n
+            self._held_blocks += n
 
-    def _fence(self, rid: str, phase: Phase) -> None:
+    def _hold(self, rid: str, phase: Phase) -> None:
         if self._phase[rid] == "waiting":
             del self._waiting_since[rid]
-            self._fenced_blocks += self._blocks[rid]
+            self._held_blocks += self._blocks[rid]
         self._phase[rid] = phase
 
     def _end(self, rid: str) -> None:
@@ -555,7 +537,7 @@ class DecodeSide:
             del self._waiting_since[rid]
             self._blocks.pop(rid)
         else:
-            self._fenced_blocks -= self._blocks.pop(rid)
+            self._held_blocks -= self._blocks.pop(rid)
 
     def _report_invalid(self, rid: str, groups: list[list[int]], report: DecodeReport) -> None:
         # The scheduler maps block ids to requests for one KV cache group only; with more,

@@ -14,7 +14,7 @@ series (``_total`` for counters)            kind       what
 ``vllm:kvdrain_decisions{kind}``            counter    receives decided, by kind:
                                                        completed, failed, expired, aborted,
                                                        refused
-``vllm:kvdrain_releases{how}``              counter    fenced blocks given back: ``settled``
+``vllm:kvdrain_releases{how}``              counter    held blocks given back: ``settled``
                                                        (after a failure's settling),
                                                        ``resolved`` (every write resolved),
                                                        ``forced`` (the quarantine ran out)
@@ -27,8 +27,11 @@ series (``_total`` for counters)            kind       what
 ``vllm:kvdrain_push_fail_sent``             counter    ``PUSH_FAIL`` notices a producer sent
 ``vllm:kvdrain_nixl_stalls``                counter    NIXL calls in flight past
                                                        ``kvdrain_nixl_stall_ms``, each once
-``vllm:kvdrain_fenced_blocks``              gauge      blocks held while a write may land
-                                                       (failed, aborted, expired, refused)
+``vllm:kvdrain_held_blocks``                gauge      blocks held while a write may land
+                                                       (failed, aborted, expired, refused);
+                                                       also as ``vllm:kvdrain_fenced_blocks``,
+                                                       its old name, deprecated, gone in
+                                                       the next release
 ``vllm:kvdrain_oldest_receive_age_seconds`` gauge      age of the oldest receive still
                                                        waiting for its writes: a wedged
                                                        transfer shows here while ``/health``
@@ -57,7 +60,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
 
 from kvdrain.vllm._decode import COUNT_KEYS, DecodeReport
 
-__all__ = ["COUNTERS", "GAUGES", "KvdrainPromMetrics", "KvdrainStats"]
+__all__ = ["COUNTERS", "DEPRECATED_GAUGES", "GAUGES", "KvdrainPromMetrics", "KvdrainStats"]
 
 # Counter series -> (label, {label value: data key}); a data key is "kvdrain_" and the
 # DecodeReport.counts key.
@@ -76,10 +79,12 @@ COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
 PUSH_FAIL_SENT = "kvdrain_push_fail_sent"
 NIXL_STALLS = "kvdrain_nixl_stalls"
 GAUGES = {
-    "fenced_blocks": "kvdrain_fenced_blocks",
+    "held_blocks": "kvdrain_held_blocks",
     "oldest_receive_age_seconds": "kvdrain_oldest_receive_age_seconds",
     "nixl_oldest_call_seconds": "kvdrain_nixl_oldest_call_seconds",
 }
+# Deprecated series -> the gauge whose data it repeats (one release, then removed).
+DEPRECATED_GAUGES = {"fenced_blocks": "held_blocks"}
 _KEYS = (
     [key for _, keys in COUNTERS.values() for key in keys.values()]
     + [PUSH_FAIL_SENT, NIXL_STALLS]
@@ -102,14 +107,14 @@ class KvdrainStats(NixlKVConnectorStats):
             self.data["kvdrain_" + key].append(n)
 
     def record_gauges(
-        self, rank: int, fenced_blocks: int, oldest_age_s: float, oldest_call_s: float = 0.0
+        self, rank: int, held_blocks: int, oldest_age_s: float, oldest_call_s: float = 0.0
     ) -> None:
         """Rank ``rank``'s gauges, once a step: sampled while any is above zero, and
         once more when all fall back to zero (a quiet engine sends no stats). A sample
         is ``[rank, value]``."""
-        busy = bool(fenced_blocks or oldest_age_s or oldest_call_s)
+        busy = bool(held_blocks or oldest_age_s or oldest_call_s)
         if busy or getattr(self, "_kvdrain_busy", False):
-            self.data[GAUGES["fenced_blocks"]].append([rank, fenced_blocks])
+            self.data[GAUGES["held_blocks"]].append([rank, held_blocks])
             self.data[GAUGES["oldest_receive_age_seconds"]].append([rank, oldest_age_s])
             self.data[GAUGES["nixl_oldest_call_seconds"]].append([rank, oldest_call_s])
         self._kvdrain_busy = busy
@@ -136,7 +141,7 @@ class KvdrainStats(NixlKVConnectorStats):
         decisions = COUNTERS["decisions"][1]
         for kind in ("failed", "expired", "refused"):
             out[f"kvdrain {kind}"] = sum(self.data.get(decisions[kind], []))
-        out["kvdrain fenced blocks"] = latest(self.data.get(GAUGES["fenced_blocks"], []))
+        out["kvdrain held blocks"] = latest(self.data.get(GAUGES["held_blocks"], []))
         return out
 
 
@@ -179,17 +184,23 @@ class KvdrainPromMetrics(NixlPromMetrics):
         self._kvdrain_counters[NIXL_STALLS] = {
             idx: stalls.labels(*labels) for idx, labels in per_engine_labelvalues.items()
         }
-        self._kvdrain_gauges: dict[str, dict[int, Any]] = {}
+        # Each data key's gauges: its series, and a deprecated name of it.
+        self._kvdrain_gauges: dict[str, list[dict[int, Any]]] = {}
+        aliases = {new: old for old, new in DEPRECATED_GAUGES.items()}
         for series, key in GAUGES.items():
-            gauge = self._gauge_cls(
-                name=f"vllm:kvdrain_{series}",
-                documentation=f"kvdrain: {series.replace('_', ' ')} (largest rank).",
-                labelnames=labelnames,
-                multiprocess_mode="max",
-            )
-            self._kvdrain_gauges[key] = {
-                idx: gauge.labels(*labels) for idx, labels in per_engine_labelvalues.items()
-            }
+            names = [(series, f"kvdrain: {series.replace('_', ' ')} (largest rank).")]
+            if series in aliases:
+                names.append((aliases[series], f"kvdrain: deprecated, see kvdrain_{series}."))
+            for name, documentation in names:
+                gauge = self._gauge_cls(
+                    name=f"vllm:kvdrain_{name}",
+                    documentation=documentation,
+                    labelnames=labelnames,
+                    multiprocess_mode="max",
+                )
+                self._kvdrain_gauges.setdefault(key, []).append(
+                    {idx: gauge.labels(*labels) for idx, labels in per_engine_labelvalues.items()}
+                )
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         super().observe(transfer_stats_data, engine_idx)
@@ -197,10 +208,11 @@ class KvdrainPromMetrics(NixlPromMetrics):
             total = sum(transfer_stats_data.get(key, ()))
             if total:
                 per_engine[engine_idx].inc(total)
-        for key, per_engine in self._kvdrain_gauges.items():
+        for key, gauges in self._kvdrain_gauges.items():
             samples = transfer_stats_data.get(key)
             if samples:
-                per_engine[engine_idx].set(latest(samples))
+                for per_engine in gauges:
+                    per_engine[engine_idx].set(latest(samples))
 
 
 def latest(samples: list[Any]) -> float:

@@ -25,23 +25,16 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from kvdrain.vllm._nixl_watch import CallWatch
+from kvdrain.vllm._topology import agent_name
 
 if TYPE_CHECKING:
     # Annotations only: the prefill side needs msgspec, which only vLLM's venv has.
     from kvdrain.vllm._decode import DecodeSide
     from kvdrain.vllm._prefill import PrefillSide
 
-__all__ = ["NixlTap", "agent_name"]
+__all__ = ["NixlTap"]
 
 logger = logging.getLogger("vllm.kvdrain")
-
-
-def agent_name(agent: str | bytes) -> str:
-    """A remote agent's name as ``str``: NIXL's Python API returns the names it loads
-    (``add_remote_agent``) as ``bytes``, and keys notification batches by ``str``."""
-    if isinstance(agent, bytes):
-        return agent.decode("utf-8", "replace")
-    return agent
 
 
 class NixlTap:

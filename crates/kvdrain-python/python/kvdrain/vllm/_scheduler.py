@@ -3,7 +3,7 @@
 * **Receives that finish early.** A decode request that finishes (abort, or the load
   failure policy) while its KV may still be landing keeps its blocks
   (``delay_free_blocks``), and the next step's metadata tells every worker
-  (``recv_finished_early``) so each rank's ledger fences them. The blocks come back when
+  (``recv_finished_early``) so each rank's ledger holds them. The blocks come back when
   every rank names the request in ``finished_recving``.
 * **Admission.** Every rank tracks every receive, so the engine as a whole decides how
   many may be in flight: a receive that would take more than ``kvdrain_capacity`` slots
@@ -25,7 +25,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import (
 )
 
 from kvdrain.vllm import _gate
-from kvdrain.vllm._decode import block_groups
+from kvdrain.vllm._metadata import KvdrainConnectorMetadata
+from kvdrain.vllm._topology import block_groups
 from kvdrain.vllm._settings import Settings
 
 if TYPE_CHECKING:
@@ -33,23 +34,9 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-__all__ = ["KvdrainConnectorMetadata", "KvdrainPushScheduler"]
+__all__ = ["KvdrainPushScheduler"]
 
 logger = logging.getLogger("vllm.kvdrain")
-
-
-class KvdrainConnectorMetadata(NixlConnectorMetadata):
-    """vLLM's metadata plus ``recv_finished_early``: the ids of receiving requests that
-    finished on the scheduler since the last step, so every worker fences their blocks."""
-
-    recv_finished_early: set[str]
-
-    @classmethod
-    def wrapping(cls, meta: NixlConnectorMetadata, early: set[str]) -> KvdrainConnectorMetadata:
-        out = cls.__new__(cls)
-        out.__dict__.update(meta.__dict__)
-        out.recv_finished_early = early
-        return out
 
 
 class KvdrainPushScheduler(NixlPushConnectorScheduler):

@@ -29,9 +29,9 @@ class Settings:
     ``deadline_ms``: a receive that has not resolved by then fails (``expired``);
     vLLM's ``push_registration_timeout`` unless ``kvdrain_deadline_ms`` is given.
     ``quarantine_ms``: the longest the blocks of an aborted or expired request stay
-    fenced; twice the producers' ``kv_lease_duration`` unless ``kvdrain_quarantine_ms``
+    held; twice the producers' ``kv_lease_duration`` unless ``kvdrain_quarantine_ms``
     is given (it must stay above the lease: a producer may write until its lease ends).
-    ``settle_ms``: how long a failed request's blocks stay fenced after its last failure
+    ``settle_ms``: how long a failed request's blocks stay held after its last failure
     notice (a write that errored after posting may still land); ``kvdrain_settle_ms``.
     ``capacity``: requests one rank tracks at once (``kvdrain_capacity``).
     ``record_dir``: where each decode rank's flight recorder writes its ledger inputs as
