@@ -51,7 +51,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 from kvdrain._errors import (
     DuplicateRequestError,
@@ -63,7 +63,7 @@ from kvdrain.vllm._recorder import FlightRecorder, RecordingLedger
 from kvdrain.vllm._settings import Settings
 from kvdrain.vllm._topology import block_groups
 
-__all__ = ["COUNT_KEYS", "DecodeReport", "DecodeSide", "Phase", "Registered"]
+__all__ = ["COUNT_KEYS", "DecodeReport", "DecodeSide", "Phase", "Registered", "VllmReceives"]
 
 logger = logging.getLogger("vllm.kvdrain")
 
@@ -123,6 +123,43 @@ COUNT_KEYS = (
 """The keys of :attr:`DecodeReport.counts` (``kvdrain.vllm._metrics`` names the series)."""
 
 
+class _Puts(Protocol):
+    def put(self, item: Any, /) -> None: ...
+
+
+class _Stats(Protocol):
+    def record_failed_transfer(self) -> None: ...
+    def record_kv_expired_req(self) -> None: ...
+    def record_notification_after_expiry(self) -> None: ...
+    def record_counts(self, report: DecodeReport) -> None: ...
+
+
+class _Results(Protocol):
+    finished_recving: set[str]
+    failed_recving: set[str]
+
+
+R = TypeVar("R", bound=_Results)
+
+
+@dataclass(frozen=True, slots=True)
+class VllmReceives:
+    """vLLM's own structures for one worker's receives, as plain references: what
+    :meth:`DecodeSide.tell` puts into them is what vLLM is told."""
+
+    pending: Mapping[str, object]
+    """The receives vLLM still tracks (its ``_recving_metadata``)."""
+    done: dict[str, list[Any]]
+    """Its done path (``_recving_transfers``): a receive with no transfers left is
+    reported finished."""
+    failed: _Puts
+    """Its failure path (``_failed_recv_reqs``): reported finished and failed."""
+    invalid: _Puts
+    """Blocks reported invalid (``_invalid_block_ids``)."""
+    stats: _Stats
+    """Its NIXL stats (``xfer_stats``, a :class:`~kvdrain.vllm._metrics.KvdrainStats`)."""
+
+
 @dataclass
 class DecodeReport:
     """What one engine step tells vLLM (see the module's table)."""
@@ -134,6 +171,9 @@ class DecodeReport:
     expired: int = 0
     after_expiry: int = 0
     """Notices for ids no longer tracked (vLLM's "notification after expiry")."""
+    refused: list[str] = field(default_factory=list)
+    """Receives refused at registration with nothing written (one rank): vLLM fails them
+    now."""
     cancelled: list[tuple[str, str]] = field(default_factory=list)
     """``(producer engine, request)`` for each receive given up in this step: each agent
     of that engine is owed ``PUSH_CANCEL:`` + the request id."""
@@ -247,10 +287,12 @@ class DecodeSide:
 
     # -- engine thread ---------------------------------------------------------------- #
 
-    def catch_up(self) -> DecodeReport:
+    def catch_up(self, report: DecodeReport | None = None) -> DecodeReport:
         """Brings the ledger's clock to now (before a registration or an abort, so they
-        are dated now, not at the last step); what that fires goes in the report."""
-        report = DecodeReport()
+        are dated now, not at the last step); what that fires goes in ``report`` (a new
+        one when ``None``), returned."""
+        if report is None:
+            report = DecodeReport()
         self._now = self.now_ms()
         for d in self.ledger.advance(self._now):
             self._apply(d, report)
@@ -277,6 +319,7 @@ class DecodeSide:
             if self.world_size == 1:
                 logger.error("kvdrain: receive of %s refused (%s); failing it", rid, e)
                 report.count("decisions_refused")
+                report.refused.append(rid)
                 self._story(rid, {"outcome": "refused", "cause": str(e), "at_ms": self._now})
                 return "refused"
             logger.error(
@@ -362,21 +405,26 @@ class DecodeSide:
         self._outcome.setdefault(rid, {"outcome": "failed_by_vllm", "decided_ms": self._now})
         return True
 
-    def step(self) -> DecodeReport:
-        """One engine step: the decisions the writer thread's notices made ready, the
-        producers reported lost, then the clock (deadlines, settle and quarantine ends)."""
-        report = DecodeReport(cancelled=self._cancels)
+    def step(self, report: DecodeReport | None = None) -> DecodeReport:
+        """One engine step: the decisions the writer thread's notices made ready, then the
+        clock (deadlines, settle and quarantine ends), then the producers reported lost,
+        dated now. ``report``: this step's so far (its :meth:`catch_up` and
+        registrations), continued; a new one when ``None``."""
+        if report is None:
+            report = DecodeReport()
+        report.cancelled.extend(self._cancels)
         self._cancels = []
         completed, others = self.ledger.poll_split()
         for rid in completed:
             self._completed(rid, report)
         for d in others:
             self._apply(d, report)
-        # After the poll: a notice the writer thread counted before the loss stands.
-        lost = self._take_lost(report)
+        # The clock moves once; after the poll, so a notice the writer thread counted
+        # before a loss stands, and before the losses, so their settling counts from now.
         now = self._now = self.now_ms()
         for d in self.ledger.advance(now):
             self._apply(d, report)
+        lost = self._take_lost(report)
         for rid, (until, groups) in list(self._held_until.items()):
             if now >= until:
                 del self._held_until[rid]
@@ -393,6 +441,44 @@ class DecodeSide:
         it failed)."""
         out = invalid - self._released_blocks
         self._released_blocks.clear()
+        return out
+
+    def tell(self, report: DecodeReport, vllm: VllmReceives, results: Callable[[], R]) -> R:
+        """Tells vLLM one step's report, the one place that does: each completed receive
+        goes to vLLM's done path (``vllm.done``), each released one to its failure path
+        (``vllm.failed``) while vLLM still tracks it, each refused one there too; invalid
+        blocks and vLLM's own stats follow. Then ``results()`` (vLLM's
+        ``get_transfer_results``) runs and is amended: a released receive that vLLM had
+        closed already is reported finished and failed there, once; one that vLLM failed
+        itself waits for this side's release (:meth:`vllm_failed`)."""
+        late: set[str] = set()
+        for rid in report.completed:
+            vllm.done.setdefault(rid, [])
+        for rid in report.released:
+            if rid in vllm.pending:
+                vllm.failed.put(rid)
+            else:
+                late.add(rid)
+        for rid in report.refused:
+            vllm.failed.put(rid)
+        for blocks in report.invalid:
+            vllm.invalid.put(blocks)
+        stats = vllm.stats
+        for _ in range(report.failed):
+            stats.record_failed_transfer()
+        for _ in range(report.expired):
+            stats.record_kv_expired_req()
+        for _ in range(report.after_expiry):
+            stats.record_notification_after_expiry()
+        if report.counts:
+            stats.record_counts(report)
+        out = results()
+        for rid in out.failed_recving - late:
+            if self.vllm_failed(rid):
+                out.finished_recving.discard(rid)
+                out.failed_recving.discard(rid)
+        out.finished_recving |= late
+        out.failed_recving |= late
         return out
 
     def close(self) -> None:
@@ -556,8 +642,6 @@ class DecodeSide:
             lost.setdefault(agent, why)
         if not lost:
             return False
-        for d in self.ledger.advance(self.now_ms()):  # settling counts from the report
-            self._apply(d, report)
         for agent, why in lost.items():
             decisions = self.ledger.gone(agent)
             if decisions:

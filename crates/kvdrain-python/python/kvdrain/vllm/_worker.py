@@ -19,7 +19,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
 
 from kvdrain._kvdrain import PushPlan, encode_cancel
 from kvdrain.vllm import _gate
-from kvdrain.vllm._decode import DecodeReport, DecodeSide, Registered
+from kvdrain.vllm._decode import DecodeReport, DecodeSide, VllmReceives
 from kvdrain.vllm._metrics import KvdrainStats
 from kvdrain.vllm._nixl_tap import NixlTap
 from kvdrain.vllm._nixl_watch import CallWatch
@@ -56,7 +56,8 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             name=f"{self.engine_id}-tp{self.tp_rank}",
         )
         self.kvdrain_prefill = PrefillSide(settings, self.kvdrain_decode.now_ms)
-        self._kvdrain_late: set[str] = set()
+        # This step's report from start_load_kv, told with the rest in get_transfer_results.
+        self._kvdrain_report: DecodeReport | None = None
         stats = KvdrainStats()
         for key, values in self.xfer_stats.data.items():
             stats.data[key].extend(values)
@@ -88,8 +89,9 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
 
     def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
         decode = self.kvdrain_decode
-        report = decode.catch_up()
-        refused: dict[str, Registered] = {}  # "refused" (nothing written) or "held"
+        # Continues a report no get_transfer_results has told yet, if any.
+        report = decode.catch_up(self._kvdrain_report)
+        refused: set[str] = set()  # no PUSH_REG for these (refused or held, not tracked)
         if not (self.pcp_rank > 0 and not self.pcp_dcp_sharded):
             # Registered before vLLM queues the PUSH_REG: no notice can precede its request.
             agents: dict[str, dict[tuple[int, int], Any]] = {}  # per producer engine
@@ -101,7 +103,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
                     producer = None if remote is None else (remote.engine_id, remote.request_id)
                     done = decode.register(rid, groups, expect, report, producer)
                     if done in ("refused", "held"):
-                        refused[rid] = done
+                        refused.add(rid)
         if refused and metadata.push_registrations:
             # A refused receive sends no PUSH_REG: this rank asks nobody to write into it.
             metadata = copy.copy(metadata)  # vLLM's own object stays as it built it
@@ -111,10 +113,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         for rid in getattr(metadata, "recv_finished_early", ()):
             decode.abort(rid, report)
         super().start_load_kv(metadata)
-        for rid, done in refused.items():
-            if done == "refused":
-                self._failed_recv_reqs.put(rid)  # nothing written: vLLM fails it now
-        self._kvdrain_tell(report)
+        self._kvdrain_report = report  # told in this step's get_transfer_results
 
     def _send_heartbeats(self, metadata: NixlConnectorMetadata) -> None:
         beats = metadata.heartbeat_by_engine
@@ -141,20 +140,23 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             logger.info("kvdrain: PUSH_REG for %s not sent: the receive ended first", req_id)
 
     def get_transfer_results(self) -> KVConnectorTransferResults:
-        self._kvdrain_tell(self.kvdrain_decode.step())
+        decode = self.kvdrain_decode
+        report = decode.step(self._kvdrain_report)
+        self._kvdrain_report = None
+        self._kvdrain_cancel(report.cancelled)
         watch = self.nixl_wrapper.watch
         self.xfer_stats.record_gauges(
-            self.tp_rank, *self.kvdrain_decode.gauges(), oldest_call_s=watch.oldest_s()
+            self.tp_rank, *decode.gauges(), oldest_call_s=watch.oldest_s()
         )
         self.xfer_stats.record_nixl_stalls(watch.take_stalls())
-        late, self._kvdrain_late = self._kvdrain_late, set()
-        results = super().get_transfer_results()
-        for rid in results.failed_recving - late:
-            if self.kvdrain_decode.vllm_failed(rid):
-                results.finished_recving.discard(rid)
-                results.failed_recving.discard(rid)
-        results.finished_recving |= late
-        results.failed_recving |= late
+        vllm_receives = VllmReceives(
+            pending=self._recving_metadata,
+            done=self._recving_transfers,
+            failed=self._failed_recv_reqs,
+            invalid=self._invalid_block_ids,
+            stats=self.xfer_stats,
+        )
+        results = decode.tell(report, vllm_receives, super().get_transfer_results)
         self.kvdrain_prefill.release_sources(results.finished_sending)
         self._kvdrain_send(self.kvdrain_prefill.take_owed())
         return results
@@ -175,27 +177,10 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         for agent in agents:
             self.kvdrain_decode.gone(agent_name(agent), f"engine {engine_id} evicted")
 
-    def _kvdrain_tell(self, report: DecodeReport) -> None:
-        """Applies a decode report to vLLM's own structures. A released request whose
-        receive vLLM closed already waits in ``_kvdrain_late`` for the next results."""
-        for rid in report.completed:
-            self._recving_transfers.setdefault(rid, [])  # vLLM's done path reports it
-        for rid in report.released:
-            if rid in self._recving_metadata:
-                self._failed_recv_reqs.put(rid)  # vLLM's failure path, once on this rank
-            else:
-                self._kvdrain_late.add(rid)
-        for blocks in report.invalid:
-            self._invalid_block_ids.put(blocks)
-        for _ in range(report.failed):
-            self.xfer_stats.record_failed_transfer()
-        for _ in range(report.expired):
-            self.xfer_stats.record_kv_expired_req()
-        for _ in range(report.after_expiry):
-            self.xfer_stats.record_notification_after_expiry()
-        if report.counts:
-            self.xfer_stats.record_counts(report)
-        for engine, rid in report.cancelled:
+    def _kvdrain_cancel(self, cancelled: list[tuple[str, str]]) -> None:
+        """``PUSH_CANCEL:`` to every agent of each producer engine a receive given up was
+        registered with."""
+        for engine, rid in cancelled:
             with self._handshake_lock:
                 agents = list((self._remote_agents.get(engine) or {}).values())
             message = encode_cancel(rid)
