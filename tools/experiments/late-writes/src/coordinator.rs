@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock::host_monotonic_us;
 use crate::lines::{Fields, announce, expect_line, reader_lines, stdin_lines};
-use crate::spec::{Fault, RunSpec, SPEC_ENV};
+use crate::spec::{Fault, RunSpec, SPEC_ENV, WRITE_PAGES};
 use crate::{consumer_side, producer_side};
 
 const START_LIMIT: Duration = Duration::from_secs(60);
@@ -143,6 +143,16 @@ impl RunRecord {
             (Some(fault), Some(last_landing_from)) => last_landing_from >= fault,
             _ => false,
         }
+    }
+
+    /// Whether D's first failure event (the notice, a disconnect or the expiry) came while
+    /// pages of the write were still missing: only then can a release at that event be
+    /// early. On a loaded host the fault can come mid-write and D still read the notice
+    /// after the last page landed; such a run says nothing about late writes either.
+    pub fn event_mid_write(&self) -> bool {
+        self.consumer
+            .num("landed_pages_at_event")
+            .is_some_and(|landed| landed < WRITE_PAGES as u64)
     }
 
     /// One JSON line: the run's parameters, then D's fields under `d` and P's under `p`
