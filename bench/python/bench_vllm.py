@@ -1,6 +1,6 @@
-"""The connector plugin's cost next to vLLM 0.33's own push path, in one run, on the real
-worker classes (vLLM's ``NixlPushConnectorWorker`` and the plugin's ``KvdrainPushWorker``,
-built as the scenario suite builds them, with a fake NIXL agent).
+"""The connector plugin's cost next to vLLM's own push path (the release in the venv), in
+one run, on the real worker classes (vLLM's ``NixlPushConnectorWorker`` and the plugin's
+``KvdrainPushWorker``, built as the scenario suite builds them, with a fake NIXL agent).
 
 Four paths: vLLM's, the plugin's, the plugin's with its flight recorder on
 (``kvdrain_record_dir``, writing to a temporary directory), and the plugin's with no NIXL
@@ -396,10 +396,12 @@ def main() -> None:
             out[harness.PLUGIN] = measure(harness.PLUGIN, a.batch, a.pending, a.repeat)
             out[RECORDING] = measure(harness.PLUGIN, a.batch, a.pending, a.repeat, record_dir)
             out[UNTIMED] = measure(harness.PLUGIN, a.batch, a.pending, a.repeat, stall_ms=0)
-    print(f"vLLM 0.33.0 push worker, batch {a.batch}, {a.pending} receives pending, "
+    import vllm
+
+    print(f"vLLM {vllm.__version__} push worker, batch {a.batch}, {a.pending} receives pending, "
           f"median of {a.repeat}")
     print(
-        f"{'':28}{'vLLM 0.33':>12}{'plugin':>12}{'plugin/vLLM':>14}{'+recorder':>12}"
+        f"{'':28}{'vLLM':>12}{'plugin':>12}{'plugin/vLLM':>14}{'+recorder':>12}"
         f"{'rec/plugin':>12}{'untimed':>12}{'timing':>12}"
     )
     for key, label in (
