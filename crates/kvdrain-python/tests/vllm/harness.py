@@ -56,7 +56,7 @@ from kvdrain.vllm._settings import Settings
 from kvdrain.vllm._nixl_tap import NixlTap
 from kvdrain.vllm.connector import KvdrainPushWorker
 
-__all__ = ["BLOCK_SIZE", "CONTROL", "LAYERS", "PLUGIN", "REGION_PAIRS"]
+__all__ = ["BLOCK_SIZE", "CONTROL", "D_HANDLE", "LAYERS", "PLUGIN", "install_decode_layout"]
 
 NUM_BLOCKS = 64
 
@@ -552,16 +552,44 @@ def split(batches: dict[int, dict[str, list[bytes]]], keep: Iterable[str]) -> di
 
 
 
+D_HANDLE = 50
+"""A producer's remote transfer-side handle for decode rank ``d`` is ``D_HANDLE + d``."""
+
+
+def install_decode_layout(w: Any, d_tp: int) -> None:
+    """What a completed handshake with the decode engine (``d_tp`` ranks, registered in
+    ``w.transfer_topo``) leaves on a producer worker: the TP mapping, a transfer-side
+    handle per decode rank, block counts, and (0.34) the region pairs: one region on each
+    side, cache group 0."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.tp_mapping import (
+        compute_tp_mapping,
+    )
+
+    topo = w.transfer_topo
+    assert topo is not None
+    w._group_spec_types = (FullAttentionSpec,)
+    w.tp_mappings[D_ENGINE] = compute_tp_mapping(topo, d_tp, (FullAttentionSpec,))
+    w.dst_xfer_side_handles[D_ENGINE] = {d: D_HANDLE + d for d in range(d_tp)}
+    ratio = topo.tp_ratio(d_tp)
+    if ratio < 0:
+        w.src_xfer_handles_by_tp_ratio[(ratio, BLOCK_SIZE)] = [60 + i for i in range(-ratio)]
+    for eid in (D_ENGINE, P_ENGINE):
+        w.dst_num_blocks[eid] = NUM_BLOCKS
+        w.dst_region_num_blocks[eid] = None
+        w.dst_region_group_ids[eid] = []
+        w.dst_uses_region_group_mapping[eid] = False
+    if REGION_PAIRS is not None:
+        w._dst_pairs[D_ENGINE] = REGION_PAIRS(
+            remote=[0], local=[0], group=[0], remote_regions=[0], partner=[0]
+        )
+
+
 class ProducerRank:
     """One producer (prefill) worker rank pushing one request's KV to a decode engine of
     ``d_tp`` ranks, through vLLM's real ``_xfer_blocks_for_req`` (topology, descriptors,
     posting, publication), polled by the real ``get_transfer_results``."""
 
     def __init__(self, which: str, *, p_tp: int = 1, tp_rank: int = 0, d_tp: int = 1) -> None:
-        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.tp_mapping import (
-            compute_tp_mapping,
-        )
-
         self.clock = Clock()
         cfg = vllm_config(which, tp=p_tp, role="kv_producer")
         self.d_agents = {(0, d): f"D{d}" for d in range(d_tp)}
@@ -576,22 +604,7 @@ class ProducerRank:
             remote_agents=self.d_agents,
             clock=self.clock,
         )
-        assert w.transfer_topo is not None
-        w._group_spec_types = (FullAttentionSpec,)
-        w.tp_mappings[D_ENGINE] = compute_tp_mapping(w.transfer_topo, d_tp, (FullAttentionSpec,))
-        w.dst_xfer_side_handles[D_ENGINE] = {d: 50 + d for d in range(d_tp)}
-        ratio = w.transfer_topo.tp_ratio(d_tp)
-        if ratio < 0:
-            w.src_xfer_handles_by_tp_ratio[(ratio, BLOCK_SIZE)] = [60 + i for i in range(-ratio)]
-        for eid in (D_ENGINE, P_ENGINE):
-            w.dst_num_blocks[eid] = NUM_BLOCKS
-            w.dst_region_num_blocks[eid] = None
-            w.dst_region_group_ids[eid] = []
-            w.dst_uses_region_group_mapping[eid] = False
-        if REGION_PAIRS is not None:  # 0.34: one region on each side, cache group 0
-            w._dst_pairs[D_ENGINE] = REGION_PAIRS(
-                remote=[0], local=[0], group=[0], remote_regions=[0], partner=[0]
-            )
+        install_decode_layout(w, d_tp)
         self.w = w
         self.nixl = fake_nixl(w)
         self.which = which

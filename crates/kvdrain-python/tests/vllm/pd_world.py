@@ -40,13 +40,14 @@ from typing import Any
 from harness import (
     BLOCK_SIZE,
     D_ENGINE,
+    D_HANDLE,
     NUM_BLOCKS,
     P_ENGINE,
     PLUGIN,
-    REGION_PAIRS,
     Clock,
     DecodeEngine,
     FakeNixl,
+    install_decode_layout,
     kv_cache_config,
     make_worker,
     nixlBackendError,
@@ -69,11 +70,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import PUSH_REG_
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
     NixlPushConnectorWorker,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.tp_mapping import compute_tp_mapping
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
@@ -82,7 +81,6 @@ from kvdrain.vllm._nixl_tap import NixlTap
 from kvdrain.vllm._settings import Settings, settings_from_extra_config
 
 PROMPT_TOKENS = 3 * BLOCK_SIZE
-D_HANDLE = 50  # P's remote transfer-side handle for D rank d is D_HANDLE + d
 
 
 # -- the clock ------------------------------------------------------------------------ #
@@ -369,19 +367,7 @@ def install_consumer(w: NixlPushConnectorWorker, d_tp: int) -> dict[tuple[int, i
             remote_physical_blocks_per_logical=1,
         ),
     )
-    w._group_spec_types = (FullAttentionSpec,)
-    w.tp_mappings[D_ENGINE] = compute_tp_mapping(topo, d_tp, (FullAttentionSpec,))
-    w.dst_xfer_side_handles[D_ENGINE] = {d: D_HANDLE + d for d in range(d_tp)}
-    ratio = topo.tp_ratio(d_tp)
-    if ratio < 0:
-        w.src_xfer_handles_by_tp_ratio[(ratio, BLOCK_SIZE)] = [60 + i for i in range(-ratio)]
-    for eid in (D_ENGINE, P_ENGINE):
-        w.dst_num_blocks[eid] = NUM_BLOCKS
-        w.dst_region_num_blocks[eid] = None
-        w.dst_region_group_ids[eid] = []
-        w.dst_uses_region_group_mapping[eid] = False
-    if REGION_PAIRS is not None:  # 0.34: one region on each side, cache group 0
-        w._dst_pairs[D_ENGINE] = REGION_PAIRS(remote=[0], local=[0], group=[0], remote_regions=[0], partner=[0])
+    install_decode_layout(w, d_tp)
     return {(0, d): f"D{d}" for d in range(d_tp)}
 
 
