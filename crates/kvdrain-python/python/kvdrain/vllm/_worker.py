@@ -185,16 +185,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
                 agents = list((self._remote_agents.get(engine) or {}).values())
             message = encode_cancel(rid)
             for agent in agents:
-                try:
-                    self.nixl_wrapper.send_notif(agent, notif_msg=message)
-                except Exception as e:
-                    self.xfer_stats.record_failed_notification()
-                    self._log_failure(
-                        failure_type="push_cancel_notif_failed",
-                        req_id=rid,
-                        error=e,
-                        remote_agent_name=agent,
-                    )
+                self._kvdrain_notify(agent, message, "push_cancel_notif_failed", rid)
 
     def _kvdrain_expect(
         self, meta: Any, agents_of: dict[str, dict[tuple[int, int], Any]]
@@ -313,14 +304,20 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
 
     def _kvdrain_send(self, owed: Iterable[tuple[str, bytes]]) -> None:
         for agent, message in owed:
-            try:
-                self.nixl_wrapper.send_notif(agent, notif_msg=message)
+            if self._kvdrain_notify(agent, message, "push_fail_notif_failed", None):
                 self.xfer_stats.record_push_fail_sent()
-            except Exception as e:
-                self.xfer_stats.record_failed_notification()
-                self._log_failure(
-                    failure_type="push_fail_notif_failed",
-                    req_id=None,
-                    error=e,
-                    remote_agent_name=agent,
-                )
+
+    def _kvdrain_notify(
+        self, agent: Any, message: bytes, failure_type: str, req_id: str | None
+    ) -> bool:
+        """Sends one of the plugin's own notices (``PUSH_FAIL``, ``PUSH_CANCEL``); a send
+        that fails is counted and logged as vLLM logs its own, and returns ``False``."""
+        try:
+            self.nixl_wrapper.send_notif(agent, notif_msg=message)
+        except Exception as e:
+            self.xfer_stats.record_failed_notification()
+            self._log_failure(
+                failure_type=failure_type, req_id=req_id, error=e, remote_agent_name=agent
+            )
+            return False
+        return True
