@@ -204,6 +204,8 @@ def test_deadline_fails_the_request_and_quarantines_its_blocks() -> None:
     start_load_kv(d, "slow", [[7, 8]], expect(2))
     d.feed({"P0": [b"slow:2"]})
     clock.advance_ms(1000)
+    # The clock moves once per step, at its start_load_kv: the deadline fires next step.
+    assert d.step() == NOTHING
     assert d.step() == failed({7, 8}, expired=True)
     assert d.phase("slow") == "failed"
     report = d.catch_up()
@@ -331,6 +333,7 @@ def test_failed_request_finished_after_settling_frees_at_once() -> None:
     clock = FakeClock()
     d = side(capacity=8, settle_ms=100, clock=clock)
     start_load_kv(d, "s", [[1]], expect(1))
+    d.step()  # the registration's step
     d.feed({"P0": [b"PUSH_FAIL:s:1"]})
     clock.advance_ms(100)
     assert d.step() == DecodeReport(released=["s"], failed=1)

@@ -84,6 +84,7 @@ def incident(d: DecodeSide, clock: FakeClock) -> None:
     receive(d, "cancel", ["P0", "P1"])
     receive(d, "lost", ["P0", "P2"])
     receive(d, "late", ["P0"])
+    d.step()  # the registrations' step: the clock moved at its start
     step(d, clock, 10)
     d.feed({"P0": [b"ok:2", b"fail:2", b"count:2", b"lost:2"], "P1": [b"ok:2"]})
     clock.advance_ms(150)  # the engine is inside a slow step when P1's failure arrives
@@ -91,6 +92,7 @@ def incident(d: DecodeSide, clock: FakeClock) -> None:
     clock.advance_ms(150)
     d.step()
     d.abort("cancel", d.catch_up())
+    d.step()  # the abort's step
     d.gone("P2", "connection reset")
     step(d, clock, 5)
     d.feed({"P0": [b"garbage\n\\\xff", b"cancel:2", b"HB:x"], "stranger": [b"ok:2"]})

@@ -11,12 +11,15 @@ What vLLM is told, and when::
     released   -> report.released: finished_recving (and failed_recving) exactly once on
                   this rank, so the scheduler frees the blocks when every rank has
 
-Time. Every input is dated at the moment it happened on this rank's clock: the writer
-thread's batches at their arrival (``Ledger.feed(..., now_ms=)``), registrations,
-aborts and lost producers at the engine step that applies them (the clock is brought to
-now first), deadlines and settle and quarantine ends at the first step that reaches
-them. A failure notice read during a slow step therefore settles from when it was read,
-not from the step before.
+Time. One clock per rank (:class:`~kvdrain.vllm._clock.RankClock`), brought forward
+once per engine step, at its start (:meth:`DecodeSide.catch_up`, from ``start_load_kv``):
+deadlines and settle and quarantine ends fire there, before the step's heartbeats leave.
+Only a producer found lost inside the step moves it again, at the step's end. Every
+input is dated at the moment it happened on that clock: the writer thread's batches at
+their arrival (``Ledger.feed(..., now_ms=)``), registrations and aborts at their step's
+start, a lost producer at the first clock move after it was reported. A
+failure notice read during a slow step therefore settles from when it was read, not from
+the step before.
 
 Producers. A receive registered with its producer (``producer=(engine, P request id)``)
 gets a lifetime (``Settings.lifetime_ms``, counted from its registration here): the
@@ -47,7 +50,7 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +62,7 @@ from kvdrain._errors import (
     UnknownRequestError,
 )
 from kvdrain._kvdrain import Decision, Ledger, Record
+from kvdrain.vllm._clock import RankClock
 from kvdrain.vllm._recorder import FlightRecorder, RecordingLedger
 from kvdrain.vllm._settings import Settings
 from kvdrain.vllm._topology import block_groups
@@ -185,6 +189,30 @@ class DecodeReport:
         self.counts[key] = self.counts.get(key, 0) + n
 
 
+@dataclass(slots=True)
+class _Receive:
+    """All this side holds of one receive it has not reported to vLLM yet; changed by
+    :meth:`DecodeSide._set_phase` alone where the phase and the gauges move together."""
+
+    phase: Phase
+    blocks: int
+    """Its blocks, every KV cache group (the held-blocks gauge counts them)."""
+    tracked_ms: int
+    """When it was registered (or refused) here."""
+    producer: tuple[str, str] | None = None
+    """``(engine, P request id)`` it was registered with, while it waits."""
+    lifetime_end_ms: int | None = None
+    """When its registration's lifetime ends, while its ``PUSH_REG`` may still leave
+    (read by any thread)."""
+    outcome: dict[str, object] | None = None
+    """What was decided, for its one log line at the release."""
+    invalid: set[int] | None = None
+    """The blocks reported invalid at its failure or refusal, until its release."""
+    refused_groups: list[list[int]] | None = None
+    """Refused but held (two or more ranks): its blocks, released at ``held_until_ms``."""
+    held_until_ms: int = 0
+
+
 class DecodeSide:
     """The decode side of one rank. ``feed`` and ``gone`` may be called from any
     thread; every other method belongs to the engine thread."""
@@ -194,7 +222,7 @@ class DecodeSide:
         settings: Settings,
         *,
         world_size: int,
-        clock: Callable[[], float] = time.monotonic,
+        clock: RankClock | Callable[[], float] = time.monotonic,
         name: str = "rank0",
     ) -> None:
         self.settings = settings
@@ -217,33 +245,24 @@ class DecodeSide:
             )
             self.ledger = RecordingLedger(ledger, self.recorder)
             logger.info("kvdrain: flight recorder on, writing %s", self.recorder.path)
-        self._clock = clock
-        self._epoch = clock()
-        self._phase: dict[str, Phase] = {}
-        self._blocks: dict[str, int] = {}  # blocks of every request with a phase
-        # Waiting requests by registration, oldest first: request -> registered at (ms).
-        self._waiting_since: dict[str, int] = {}
-        self._held_blocks = 0  # blocks of the requests not waiting
+        self.clock = clock if isinstance(clock, RankClock) else RankClock(clock)
         self._now = 0  # the engine thread's clock at its last catch-up or step (ms)
-        # Refused receives held for the quarantine: request -> (release time ms, blocks).
-        self._held_until: dict[str, tuple[int, list[list[int]]]] = {}
-        # The blocks reported invalid at a request's failure or refusal, until its release.
-        self._invalid: dict[str, set[int]] = {}
+        self._caught_up = False  # the clock moved since the last step
+        self._recount = False  # the ledger's counters may have moved outside a report
+        self._receives: dict[str, _Receive] = {}
+        # The receives still waiting, oldest registration first (the gauge's oldest age).
+        self._waiting: dict[str, None] = {}
+        self._held_blocks = 0  # blocks of the receives not waiting
+        # The refused receives held for the quarantine, in the order their holds end.
+        self._refused_held: deque[str] = deque()
         # Blocks vLLM's own failure path reports at a release: the scheduler has finished
         # the request by then (failed, aborted or expired); they are not reported again.
         self._released_blocks: set[int] = set()
         self._lost: queue.Queue[tuple[str, str]] = queue.Queue()
         self._seen = dict.fromkeys((*_IGNORED, *_FAILED_EDGES.values()), 0)
         self._fed = threading.Event()
-        # For the one log line of a receive that does not complete: when it was tracked,
-        # and (once decided) what was decided, when, and who still owed a write.
-        self._tracked_at: dict[str, int] = {}
-        self._outcome: dict[str, dict[str, object]] = {}
-        # Waiting receives registered with a producer: request -> (engine, P request id),
-        # and when their lifetime ends (ms). Read by the writer thread (single dict
-        # operations); written by the engine thread.
-        self._producer_of: dict[str, tuple[str, str]] = {}
-        self._lifetime_end: dict[str, int] = {}
+        # Receives whose registration's lifetime ended early, so no PUSH_REG leaves for
+        # them late (read by any thread).
         self._closed: OrderedDict[str, None] = OrderedDict()
         # P request ids of the receives given up, whose heartbeats stop: id -> engine.
         self._silenced: dict[str, str] = {}
@@ -251,17 +270,18 @@ class DecodeSide:
         self._cancels: list[tuple[str, str]] = []
 
     def now_ms(self) -> int:
-        """This rank's clock, in ms since the side was built."""
-        return round((self._clock() - self._epoch) * 1000)
+        """This rank's clock, in ms since it was built."""
+        return self.clock.now_ms()
 
     def phase(self, rid: str) -> Phase | None:
         """Where ``rid`` stands, ``None`` once reported (or never tracked)."""
-        return self._phase.get(rid)
+        rec = self._receives.get(rid)
+        return None if rec is None else rec.phase
 
     def gauges(self) -> tuple[int, float]:
         """``(blocks held now, age in s of the oldest receive still waiting)``."""
-        oldest = next(iter(self._waiting_since.values()), None)
-        age = 0.0 if oldest is None else (self._now - oldest) / 1000
+        oldest = next(iter(self._waiting), None)
+        age = 0.0 if oldest is None else (self._now - self._receives[oldest].tracked_ms) / 1000
         return self._held_blocks, age
 
     # -- writer thread ---------------------------------------------------------------- #
@@ -288,14 +308,16 @@ class DecodeSide:
     # -- engine thread ---------------------------------------------------------------- #
 
     def catch_up(self, report: DecodeReport | None = None) -> DecodeReport:
-        """Brings the ledger's clock to now (before a registration or an abort, so they
-        are dated now, not at the last step); what that fires goes in ``report`` (a new
-        one when ``None``), returned."""
+        """Brings the clock to now, once per engine step: the worker calls it at the start
+        of every ``start_load_kv``, so registrations and aborts are dated now, not at the
+        last step, and a deadline that passed fires before the step's heartbeats leave.
+        Deadlines, settle and quarantine ends fire dated now, then the producers reported
+        lost since are applied, dated now too. What that decides goes in ``report`` (a new
+        one when ``None``), returned; the step's :meth:`step` then leaves the clock be."""
         if report is None:
             report = DecodeReport()
-        self._now = self.now_ms()
-        for d in self.ledger.advance(self._now):
-            self._apply(d, report)
+        self._advance(report)
+        self._caught_up = True
         return report
 
     def register(
@@ -320,7 +342,7 @@ class DecodeSide:
                 logger.error("kvdrain: receive of %s refused (%s); failing it", rid, e)
                 report.count("decisions_refused")
                 report.refused.append(rid)
-                self._story(rid, {"outcome": "refused", "cause": str(e), "at_ms": self._now})
+                self._story(rid, None, {"outcome": "refused", "cause": str(e), "at_ms": self._now})
                 return "refused"
             logger.error(
                 "kvdrain: receive of %s refused (%s); failing it, its blocks held for the "
@@ -330,26 +352,29 @@ class DecodeSide:
                 self.settings.quarantine_ms,
             )
             report.count("decisions_refused")
-            self._track(rid, "held", groups)
-            self._outcome[rid] = {"outcome": "refused", "cause": str(e), "decided_ms": self._now}
-            self._held_until[rid] = (self._now + self.settings.quarantine_ms, groups)
+            # The ledger refused it, so the ledger cannot time its hold: this side does.
+            rec = self._track(rid, "held", groups)
+            rec.outcome = {"outcome": "refused", "cause": str(e), "decided_ms": self._now}
+            rec.refused_groups = groups
+            rec.held_until_ms = self._now + self.settings.quarantine_ms
+            self._refused_held.append(rid)
             self._report_invalid(rid, groups, report)
             return "held"
-        self._track(rid, "waiting", groups)
+        rec = self._track(rid, "waiting", groups)
         if producer is not None:
-            self._producer_of[rid] = producer
-            self._lifetime_end[rid] = self._now + self.settings.lifetime_ms
+            rec.producer = producer
+            rec.lifetime_end_ms = self._now + self.settings.lifetime_ms
         return "tracked"
 
     def lifetime_left_ms(self, rid: str) -> int | None:
         """What is left of the lifetime of ``rid``'s registration, for the ``PUSH_REG``
         leaving now (any thread): ``0`` when the receive was given up or decided (send
         none), ``None`` when this side does not track it (vLLM's own ``PUSH_REG``)."""
-        if rid in self._closed:
-            return 0
-        end = self._lifetime_end.get(rid)
+        rec = self._receives.get(rid)
+        end = None if rec is None else rec.lifetime_end_ms
         if end is None:
-            return None
+            # _close marks it closed before it clears the end: never both unseen.
+            return 0 if rid in self._closed else None
         return max(0, end - self.now_ms())
 
     def beats(self, engine: str, p_ids: Iterable[str]) -> list[str]:
@@ -367,7 +392,7 @@ class DecodeSide:
     def abort(self, rid: str, report: DecodeReport) -> None:
         """The scheduler finished ``rid`` before its receive was reported (abort, or the
         load failure policy): its blocks stay held until the ledger releases them."""
-        if self._phase.get(rid) != "waiting":
+        if self.phase(rid) != "waiting":
             return
         try:
             decision = self.ledger.abort(rid)
@@ -382,34 +407,37 @@ class DecodeSide:
         ``PUSH_REG`` never left this rank). Returns ``True`` when that report must wait
         for the ledger's release (a write may still land: another rank registered, or
         this one's writes were under way); ``False`` when nothing can land."""
-        phase = self._phase.get(rid)
-        if phase is None:
+        rec = self._receives.get(rid)
+        if rec is None:
             return False
-        if phase == "waiting" and self.world_size == 1:
-            self._end(rid)
+        if rec.phase == "waiting" and self.world_size == 1:
+            self._set_phase(rid, None)
             try:
                 self.ledger.abort(rid)  # forgotten: nothing was written
             except UnknownRequestError:
                 pass
             return False
-        if phase == "waiting":
+        if rec.phase == "waiting":
             try:
                 self.ledger.abort(rid)  # its decision, if any, is this side's to ignore
             except UnknownRequestError:
-                self._end(rid)
+                self._set_phase(rid, None)
                 return False
             # The scheduler keeps it waiting (and heartbeating) until the release: given
             # up here, its producer is told at the next step.
             self._give_up(rid, self._cancels)
-        self._hold(rid, "held")
-        self._outcome.setdefault(rid, {"outcome": "failed_by_vllm", "decided_ms": self._now})
+        self._set_phase(rid, "held")
+        if rec.outcome is None:
+            rec.outcome = {"outcome": "failed_by_vllm", "decided_ms": self._now}
         return True
 
     def step(self, report: DecodeReport | None = None) -> DecodeReport:
-        """One engine step: the decisions the writer thread's notices made ready, then the
-        clock (deadlines, settle and quarantine ends), then the producers reported lost,
-        dated now. ``report``: this step's so far (its :meth:`catch_up` and
-        registrations), continued; a new one when ``None``."""
+        """One engine step's decisions: those the writer thread's notices made ready,
+        then the clock and the producers reported lost (as in :meth:`catch_up`), unless
+        the catch-up moved the clock in this step already and no producer was reported
+        lost since (a send in this step that found one: its receives fail in this step,
+        dated after the loss, never before it). ``report``: this step's so far (its
+        catch-up and registrations), continued; a new one when ``None``."""
         if report is None:
             report = DecodeReport()
         report.cancelled.extend(self._cancels)
@@ -419,18 +447,12 @@ class DecodeSide:
             self._completed(rid, report)
         for d in others:
             self._apply(d, report)
-        # The clock moves once; after the poll, so a notice the writer thread counted
-        # before a loss stands, and before the losses, so their settling counts from now.
-        now = self._now = self.now_ms()
-        for d in self.ledger.advance(now):
-            self._apply(d, report)
-        lost = self._take_lost(report)
-        for rid, (until, groups) in list(self._held_until.items()):
-            if now >= until:
-                del self._held_until[rid]
-                self._released(rid, groups, report, "forced")
-        if self._fed.is_set() or lost or report.completed or report.released or report.counts:
+        if not self._caught_up or not self._lost.empty():
+            self._advance(report)
+        self._caught_up = False
+        if self._fed.is_set() or self._recount or report.completed or report.released or report.counts:
             self._fed.clear()
+            self._recount = False
             self._count(report)
         return report
 
@@ -492,20 +514,38 @@ class DecodeSide:
 
     # -- internals -------------------------------------------------------------------- #
 
+    def _advance(self, report: DecodeReport) -> None:
+        """The clock to now: what the ledger's clock fires, then the producers lost, then
+        the refused receives whose hold ended."""
+        now = self._now = self.clock.now_ms()
+        for d in self.ledger.advance(now):
+            self._apply(d, report)
+        if self._take_lost(report):
+            self._recount = True
+        held = self._refused_held
+        while held:
+            rec = self._receives.get(held[0])
+            if rec is not None and now < rec.held_until_ms:
+                break
+            rid = held.popleft()
+            if rec is not None and rec.refused_groups is not None:
+                self._released(rid, rec.refused_groups, report, "forced")
+
     def _apply(self, d: Decision, report: DecodeReport) -> None:
         rid = d.request_id
-        phase = self._phase.get(rid)
-        if phase is None:
+        rec = self._receives.get(rid)
+        if rec is None:
             return  # reported already (vLLM failed it itself, with nothing written)
+        phase = rec.phase
         kind = d.kind
         if kind == "completed":
             self._completed(rid, report)
         elif kind in ("failed", "expired"):
             report.count(f"decisions_{kind}")
-            self._decided(rid, d)
+            self._decided(rec, d)
             if phase == "waiting":
                 self._give_up(rid, report.cancelled if kind == "expired" else None)
-                self._hold(rid, "failed")
+                self._set_phase(rid, "failed")
             if kind == "failed":
                 report.failed += 1
             else:
@@ -516,10 +556,10 @@ class DecodeSide:
             self._report_invalid(rid, block_groups(d.blocks), report)
         elif kind == "aborted":
             report.count("decisions_aborted")
-            self._decided(rid, d)
+            self._decided(rec, d)
             if phase == "waiting":
                 self._give_up(rid, report.cancelled)
-                self._hold(rid, "aborted")
+                self._set_phase(rid, "aborted")
         elif kind == "released":
             how = "forced" if d.forced else "settled" if phase == "failed" else "resolved"
             self._released(rid, block_groups(d.blocks), report, how, d.record)
@@ -529,41 +569,46 @@ class DecodeSide:
         names it. ``cancels``: it was given up (aborted, expired, failed by vLLM), so its
         producer is owed a cancel, put there (a failure needs none: every write
         resolved)."""
-        self._close(rid)
-        producer = self._producer_of.pop(rid, None)
+        rec = self._receives[rid]
+        self._close(rid, rec)
+        producer, rec.producer = rec.producer, None
         if producer is not None:
             self._silenced[producer[1]] = producer[0]
             if cancels is not None:
                 cancels.append((producer[0], rid))
 
-    def _close(self, rid: str) -> None:
-        """No ``PUSH_REG`` leaves for ``rid`` from now on, if one was to carry a lifetime."""
-        if self._lifetime_end.pop(rid, None) is not None:
+    def _close(self, rid: str, rec: _Receive) -> None:
+        """No ``PUSH_REG`` leaves for ``rid`` from now on, if one was to carry a lifetime:
+        marked closed first, then its end cleared (:meth:`lifetime_left_ms` reads them in
+        the other order, from any thread)."""
+        if rec.lifetime_end_ms is not None:
             self._closed[rid] = None
+            rec.lifetime_end_ms = None
             while len(self._closed) > _CLOSED_KEPT:
                 self._closed.popitem(last=False)
 
     def _completed(self, rid: str, report: DecodeReport) -> None:
-        phase = self._phase.get(rid)
+        phase = self.phase(rid)
         if phase == "held":
             # vLLM failed it on this rank; every write has landed now: release it.
             self._released(rid, [], report, "resolved")
         elif phase is not None:
-            self._end(rid)
+            self._set_phase(rid, None)
             report.count("decisions_completed")
             report.completed.append(rid)
 
-    def _decided(self, rid: str, d: Decision) -> None:
+    def _decided(self, rec: _Receive, d: Decision) -> None:
+        if rec.outcome is not None:
+            return
         outcome: dict[str, object] = {"outcome": d.kind, "decided_ms": d.at_ms}
         if d.outstanding is not None:
             outcome["outstanding"] = d.outstanding
         outcome.update(record_fields(d.record))
-        self._outcome.setdefault(rid, outcome)
+        rec.outcome = outcome
 
-    def _story(self, rid: str, fields: dict[str, object]) -> None:
+    def _story(self, rid: str, registered: int | None, fields: dict[str, object]) -> None:
         """The one structured line of a receive that did not complete (JSON fields)."""
         line: dict[str, object] = {"req": rid, "rank": self.name}
-        registered = self._tracked_at.pop(rid, None)
         if registered is not None:
             line["registered_ms"] = registered
             line["deadline_ms"] = registered + self.settings.deadline_ms
@@ -584,15 +629,16 @@ class DecodeSide:
         how: str,
         record: Record | None = None,
     ) -> None:
-        story = self._outcome.pop(rid, None) or {"outcome": "failed_by_vllm"}
+        rec = self._receives[rid]
+        story = rec.outcome or {"outcome": "failed_by_vllm"}
         # The release's record is the last word: edges that landed after the failure or
         # the expiry, and the settle end.
         story.update(record_fields(record))
-        story.update(released_ms=self._now, release=how, blocks=self._blocks.get(rid, 0))
-        self._story(rid, story)
-        self._end(rid)
+        story.update(released_ms=self._now, release=how, blocks=rec.blocks)
+        self._story(rid, rec.tracked_ms, story)
+        self._set_phase(rid, None)
         report.count(f"releases_{how}")
-        mine = self._invalid.pop(rid, None)
+        mine = rec.invalid
         if mine is not None and any(b is mine for b in report.invalid):
             # Failed and released in one step: vLLM's failure path reports them now.
             report.invalid = [b for b in report.invalid if b is not mine]
@@ -600,37 +646,40 @@ class DecodeSide:
             self._released_blocks.update(groups[0])
         report.released.append(rid)
 
-    def _track(self, rid: str, phase: Phase, groups: list[list[int]]) -> None:
-        self._phase[rid] = phase
-        self._tracked_at[rid] = self._now
-        n = self._blocks[rid] = sum(len(g) for g in groups)
+    def _track(self, rid: str, phase: Phase, groups: list[list[int]]) -> _Receive:
+        rec = _Receive(phase, sum(len(g) for g in groups), self._now)
+        self._receives[rid] = rec
         if phase == "waiting":
-            self._waiting_since[rid] = self._now
+            self._waiting[rid] = None
         else:
-            self._held_blocks += n
+            self._held_blocks += rec.blocks
+        return rec
 
-    def _hold(self, rid: str, phase: Phase) -> None:
-        if self._phase[rid] == "waiting":
-            del self._waiting_since[rid]
-            self._held_blocks += self._blocks[rid]
-        self._phase[rid] = phase
-
-    def _end(self, rid: str) -> None:
-        self._tracked_at.pop(rid, None)
-        self._close(rid)
-        self._producer_of.pop(rid, None)
-        if self._phase.pop(rid) == "waiting":
-            del self._waiting_since[rid]
-            self._blocks.pop(rid)
+    def _set_phase(self, rid: str, phase: Phase | None) -> None:
+        """The one place a tracked receive changes phase, or (``None``) is reported and
+        forgotten: the waiting order and the held-blocks gauge follow."""
+        rec = self._receives[rid]
+        if rec.phase == "waiting":
+            if phase == "waiting":
+                return
+            del self._waiting[rid]
+            if phase is not None:
+                self._held_blocks += rec.blocks
+        elif phase is None:
+            self._held_blocks -= rec.blocks
+        if phase is None:
+            self._close(rid, rec)
+            del self._receives[rid]
         else:
-            self._held_blocks -= self._blocks.pop(rid)
+            rec.phase = phase
 
     def _report_invalid(self, rid: str, groups: list[list[int]], report: DecodeReport) -> None:
         # The scheduler maps block ids to requests for one KV cache group only; with more,
         # failed_recving at the release carries the failure.
-        if len(groups) == 1 and rid not in self._invalid:
-            blocks = self._invalid[rid] = set(groups[0])
-            report.invalid.append(blocks)
+        rec = self._receives[rid]
+        if len(groups) == 1 and rec.invalid is None:
+            rec.invalid = set(groups[0])
+            report.invalid.append(rec.invalid)
 
     def _take_lost(self, report: DecodeReport) -> bool:
         lost: dict[str, str] = {}

@@ -19,6 +19,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
 
 from kvdrain._kvdrain import PushPlan, encode_cancel
 from kvdrain.vllm import _gate
+from kvdrain.vllm._clock import RankClock
 from kvdrain.vllm._decode import DecodeReport, DecodeSide, VllmReceives
 from kvdrain.vllm._metrics import KvdrainStats
 from kvdrain.vllm._nixl_tap import NixlTap
@@ -49,13 +50,14 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         seconds): the two sides, and the NIXL agent behind the tap. Refuses a worker
         that lacks any vLLM attribute the plugin uses (:func:`_gate.check_instance`)."""
         _gate.check_instance(vllm.__version__, self, "NixlPushConnectorWorker")
+        rank_clock = RankClock(clock)  # one clock for both sides and the writer thread
         self.kvdrain_decode = DecodeSide(
             settings,
             world_size=self.world_size,
-            clock=clock,
+            clock=rank_clock,
             name=f"{self.engine_id}-tp{self.tp_rank}",
         )
-        self.kvdrain_prefill = PrefillSide(settings, self.kvdrain_decode.now_ms)
+        self.kvdrain_prefill = PrefillSide(settings, rank_clock.now_ms)
         # This step's report from start_load_kv, told with the rest in get_transfer_results.
         self._kvdrain_report: DecodeReport | None = None
         stats = KvdrainStats()
