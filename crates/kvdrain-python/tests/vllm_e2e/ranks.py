@@ -18,8 +18,11 @@ Several engines of one role and shape (both connectors' of it, say) share one se
 processes and their gloo group: each has its own worker, agent, cache and, on rank 0,
 scheduler and side channel; every broadcast names its engine (``main``).
 
+Rank 0's scheduler is the end-to-end runs' one scheduler (``scheduler.py``), which
+reaches the ranks through :class:`GlooRanks`.
+
 Stamps: element values name the request, the block's position in it, the layer and the
-global KV head (``stamp``): P fills its heads of its layers; D checks that each of its
+global KV head (``scheduler.stamp``): P fills its heads of its layers; D checks that each of its
 heads of each layer holds the value P's owning rank wrote, so a WRITE into the wrong head
 slice, layer or block shows. The MLA cache (one latent per token, replicated) uses head 0.
 """
@@ -40,29 +43,22 @@ import torch.distributed as dist
 import vllm_cpu  # before any connector module: selects vLLM's CPU platform
 from vllm.config import set_current_vllm_config
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.parallel_state import (
     init_distributed_environment,
     initialize_model_parallel,
 )
-from vllm.sampling_params import SamplingParams
-from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import KVCacheBlock
-from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     MLAAttentionSpec,
 )
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-from vllm.v1.request import Request, RequestStatus
-from vllm_cpu import BLOCK_SIZE, HEAD_SIZE, LAYERS, NUM_KV_HEADS, model_runner_output
+from vllm_cpu import BLOCK_SIZE, HEAD_SIZE, LAYERS, NUM_KV_HEADS
 
 from e2e import free_port, install_stack_dump, pace_nixl_progress
-from engine import FENCED, FREE
 from faults import FaultyNixl
+from scheduler import FREE, RankCache, Scheduler, worker_step
 
 NUM_BLOCKS = 160
 MLA_LATENT = 48  # kv_lora_rank 32 + qk_rope_head_dim 16
@@ -72,16 +68,6 @@ MLA_LATENT = 48  # kv_lora_rank 32 + qk_rope_head_dim 16
 # a CPU_MLA host is split in two kernel blocks the cache here is not shaped for.
 MLA_BLOCK_SIZE = 16
 MLA_LAYERS = ["model.layers.0.self_attn", "model.layers.1.self_attn"]
-
-
-def stamp(index: int, pos: int, layer: int, head: int) -> float:
-    """Every element of request ``index``'s ``pos``-th block, in layer ``layer`` and
-    global KV head ``head``: exact in float32 below 2**24."""
-    return float(index * 1000 + pos * 8 + layer * 4 + head + 1)
-
-
-def owner_of(value: float) -> int:
-    return int(value) // 1000
 
 
 class NoticeLog:
@@ -234,9 +220,9 @@ class RankWorker:
             if mla
             else (NUM_BLOCKS, self.heads, BLOCK_SIZE, 2 * HEAD_SIZE)
         )
-        self.caches = {name: torch.full(shape, FREE, dtype=torch.float32) for name in self.layers}
-        self.conn.register_kv_caches(self.caches)
-        self.block_bytes = sum(t[0].numel() * t.element_size() for t in self.caches.values())
+        caches = {name: torch.full(shape, FREE, dtype=torch.float32) for name in self.layers}
+        self.conn.register_kv_caches(caches)
+        self.cache = RankCache(rank, caches, self.layer_ids, self.heads, self.head0)
 
     def kv_cache_config(self, layers: list[str]) -> KVCacheConfig:
         spec: Any
@@ -263,83 +249,8 @@ class RankWorker:
     def handshake_payload(self) -> bytes:
         return pickle.dumps(self.conn.get_handshake_metadata())
 
-    # -- block operations, on this rank's cache ---------------------------------------- #
-
-    def _heads_view(self, layer: str, b: int) -> torch.Tensor:
-        """(heads, elements) of block ``b`` of ``layer`` on this rank."""
-        t = self.caches[layer][b]
-        return t.reshape(1, -1) if self.mla else t.reshape(self.heads, -1)
-
-    def fill(self, blocks: list[int], value: float) -> None:
-        for t in self.caches.values():
-            for b in blocks:
-                t[b].fill_(value)
-
-    def stamp(self, blocks: list[int], index: int) -> None:
-        for li, layer in zip(self.layer_ids, self.layers):
-            for pos, b in enumerate(blocks):
-                v = self._heads_view(layer, b)
-                for h in range(v.shape[0]):
-                    v[h].fill_(stamp(index, pos, li, self.head0 + h))
-
-    def check(self, blocks: list[int], index: int, rid: str) -> dict[str, Any]:
-        """The stamps when decoding would start: every head of every layer of every
-        block holds what its producer rank wrote."""
-        bad: list[str] = []
-        for li, layer in zip(self.layer_ids, self.layers):
-            for pos, b in enumerate(blocks):
-                v = self._heads_view(layer, b)
-                for h in range(v.shape[0]):
-                    want = stamp(index, pos, li, self.head0 + h)
-                    wrong = v[h] != want
-                    if bool(wrong.any()):
-                        seen = sorted({float(x) for x in v[h][wrong].unique()})[:4]
-                        bad.append(
-                            f"{rid}: rank {self.rank} layer {li} head {self.head0 + h} "
-                            f"block {b} (position {pos}) holds {seen} where {want} belongs, "
-                            "when decoding would start"
-                        )
-        return {"bytes": self.block_bytes * len(blocks), "violations": bad}
-
-    def scan_free(self, blocks: list[int], where: str) -> dict[str, Any]:
-        """Blocks that must hold the free value (allocated now, or in the free pool)."""
-        bad: list[str] = []
-        for b in blocks:
-            vals = torch.cat([t[b].reshape(-1) for t in self.caches.values()])
-            wrong = vals != FREE
-            if bool(wrong.any()):
-                owners = sorted({owner_of(float(x)) for x in vals[wrong].unique()})
-                bad.append(f"rank {self.rank}: {where} block {b} held stamps of request(s) {owners}")
-                for t in self.caches.values():
-                    t[b].fill_(FREE)
-        return {"bytes": self.block_bytes * len(blocks), "violations": bad}
-
-    def late(self, blocks: list[int]) -> dict[str, Any]:
-        """Bytes that landed in a fenced request's blocks since the failure event."""
-        n = 0
-        for t in self.caches.values():
-            for b in blocks:
-                n += int((t[b] != FENCED).sum()) * 4
-        return {"bytes": self.block_bytes * len(blocks), "late": n}
-
-    # -- the worker's part of an engine step ------------------------------------------ #
-
     def worker_step(self, meta: Any) -> dict[str, Any]:
-        self.conn.bind_connector_metadata(meta)
-        try:
-            self.worker.start_load_kv(meta)
-            res = self.worker.get_transfer_results()
-            invalid = self.worker.get_block_ids_with_load_errors()
-        except Exception as e:  # noqa: BLE001 - an exception here kills vLLM's engine
-            return {"error": f"{type(e).__name__}: {e}"}
-        finally:
-            self.conn.clear_connector_metadata()
-        return {
-            "finished_sending": sorted(res.finished_sending),
-            "finished_recving": sorted(res.finished_recving),
-            "failed_recving": sorted(res.failed_recving),
-            "invalid_block_ids": sorted(invalid),
-        }
+        return worker_step(self.conn, meta)
 
     def info(self, rid: str | None = None) -> dict[str, Any]:
         """This rank's agent, counters, fault record, notices and ledger expectations;
@@ -381,36 +292,44 @@ class RankWorker:
                 if self.rank == kw.pop("rank", 0):
                     self.faults.send_raw(**kw)
                 return None
-            return getattr(self, op)(**kw)
+            if op in ("worker_step", "info"):
+                return getattr(self, op)(**kw)
+            return getattr(self.cache, op)(**kw)
         except Exception as e:  # noqa: BLE001 - reported to rank 0, then the test
             return {"error": f"{type(e).__name__}: {e}"}
 
 
-class Scheduler:
-    """Rank 0's scheduler: the connector with the scheduler role, the block pool, what
-    the scheduler was told, and every rank reached over gloo."""
+class GlooRanks:
+    """Every rank of one engine, reached from rank 0 over gloo: the op broadcast with the
+    engine's id, each rank's answer gathered (this one's included)."""
 
     def __init__(self, me: RankWorker) -> None:
         self.me = me
         self.world = me.world
+
+    def fan(self, op: str, **kw: Any) -> list[Any]:
+        msg: list[Any] = [(self.me.engine_id, op, kw)]
+        dist.broadcast_object_list(msg, src=0)
+        mine = self.me.do(op, dict(kw))
+        out: list[Any] = [None] * self.world
+        dist.gather_object(mine, out, dst=0)
+        return out
+
+
+class RankScheduler(Scheduler):
+    """Rank 0's scheduler: the end-to-end runs' one scheduler over every rank of the
+    engine, and the engine's side channel, serving every rank's handshake metadata."""
+
+    def __init__(self, me: RankWorker) -> None:
+        self.me = me
         self.port = free_port()
         os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.port)
         names = MLA_LAYERS if me.mla else LAYERS
         with set_current_vllm_config(me.cfg):
-            self.sched = KVConnectorFactory.create_connector(
+            sched = KVConnectorFactory.create_connector(
                 me.cfg, KVConnectorRole.SCHEDULER, me.kv_cache_config(names)
             )
-        self.aggregator = KVOutputAggregator.from_connector(self.sched, self.world)
-        self.free: list[int] = list(range(NUM_BLOCKS))
-        self.reqs: dict[str, dict[str, Any]] = {}
-        self.told: dict[str, list[str]] = {}
-        self.told_at: dict[str, list[float]] = {}
-        # Per rank: what each worker reported for each request (finished_recving).
-        self.rank_reports: dict[str, list[int]] = {}
-        self.violations: list[str] = []
-        self.bytes_checked = 0
-        self.late_bytes = 0
-        self.errors: list[str] = []
+        super().__init__(sched, GlooRanks(me), num_blocks=NUM_BLOCKS, block_size=me.block_size)
 
     def serve_handshakes(self, payloads: list[bytes]) -> None:
         md = {
@@ -418,240 +337,11 @@ class Scheduler:
         }
         self.sched.set_xfer_handshake_metadata_pp_aware(md)
 
-    def fan(self, op: str, **kw: Any) -> list[Any]:
-        """Runs ``op`` on this engine's worker on every rank (this one included);
-        answers in rank order."""
-        msg: list[Any] = [(self.me.engine_id, op, kw)]
-        dist.broadcast_object_list(msg, src=0)
-        mine = self.me.do(op, dict(kw))
-        out: list[Any] = [None] * self.world
-        dist.gather_object(mine, out, dst=0)
-        for r in out:
-            if isinstance(r, dict) and "error" in r and op != "worker_step":
-                raise RuntimeError(f"{op} on a rank: {r['error']}")
-        return out
-
-    # -- blocks ------------------------------------------------------------------------ #
-
-    def _merge(self, results: list[dict[str, Any]]) -> None:
-        for r in results:
-            self.bytes_checked += int(r["bytes"])
-            self.violations.extend(r.get("violations", []))
-            self.late_bytes += int(r.get("late", 0))
-
-    def _alloc(self, n: int) -> list[int]:
-        if len(self.free) < n:
-            raise RuntimeError(f"block pool exhausted: {len(self.free)} free, {n} wanted")
-        blocks, self.free = self.free[:n], self.free[n:]
-        self._merge(self.fan("scan_free", blocks=blocks, where="allocated"))
-        return blocks
-
-    def _release(self, rid: str) -> None:
-        r = self.reqs[rid]
-        if r["freed"]:
-            self.violations.append(f"{rid}: blocks freed twice")
-            return
-        if r.get("fenced_at") is not None:
-            self._merge(self.fan("late", blocks=r["blocks"]))
-        self.fan("fill", blocks=r["blocks"], value=FREE)
-        self.free.extend(r["blocks"])
-        r["freed"] = True
-        r["freed_at"] = time.monotonic()
-
-    def _fence(self, rid: str) -> None:
-        r = self.reqs[rid]
-        if r.get("fenced_at") is None:
-            r["fenced_at"] = time.monotonic()
-            self.fan("fill", blocks=r["blocks"], value=FENCED)
-
-    # -- requests ---------------------------------------------------------------------- #
-
-    def _request(self, rid: str, n_blocks: int, params: dict[str, Any]) -> Request:
-        return Request(
-            request_id=rid,
-            prompt_token_ids=list(range(10, 10 + n_blocks * self.me.block_size)),
-            sampling_params=SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": params}),
-            pooling_params=None,
-        )
-
-    def recv(
-        self, rid: str, index: int, n_blocks: int, p_engine: str, p_port: int, p_tp: int, p_pp: int
-    ) -> Any:
-        params = {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "remote_engine_id": p_engine,
-            "remote_request_id": rid,
-            "remote_host": "127.0.0.1",
-            "remote_port": p_port,
-            "remote_block_ids": [],
-            "tp_size": p_tp,
-            "pp_size": p_pp,
-            "transfer_mode": "push",
-        }
-        req = self._request(rid, n_blocks, params)
-        self.sched.on_new_request(req)
-        n_ext, _async = self.sched.get_num_new_matched_tokens(req, 0)
-        blocks = self._alloc(n_blocks)
-        req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-        kvb = KVCacheBlocks(blocks=([KVCacheBlock(block_id=b) for b in blocks],))
-        self.sched.update_state_after_alloc(req, kvb, n_ext)
-        self.reqs[rid] = {
-            "req": req,
-            "index": index,
-            "blocks": blocks,
-            "state": "waiting",
-            "freed": False,
-            "added_at": time.monotonic(),
-        }
-        return {"blocks": blocks}
-
-    def send(self, rid: str, index: int, n_blocks: int) -> Any:
-        params = {"do_remote_decode": True, "do_remote_prefill": False}
-        req = self._request(rid, n_blocks, params)
-        blocks = self._alloc(n_blocks)
-        kvb = KVCacheBlocks(blocks=([KVCacheBlock(block_id=b) for b in blocks],))
-        self.sched.update_state_after_alloc(req, kvb, 0)
-        self.fan("stamp", blocks=blocks, index=index)
-        req.status = RequestStatus.FINISHED_LENGTH_CAPPED
-        req.num_computed_tokens = n_blocks * self.me.block_size
-        delay, _params = self.sched.request_finished(req, list(blocks))
-        self.reqs[rid] = {
-            "req": req,
-            "index": index,
-            "blocks": blocks,
-            "state": "sending" if delay else "done",
-            "freed": False,
-            "added_at": time.monotonic(),
-        }
-        if not delay:
-            self._release(rid)
-        return {"blocks": blocks, "delay": delay}
-
-    def abort(self, rid: str) -> Any:
-        r = self.reqs[rid]
-        req = r["req"]
-        was_waiting = r["state"] == "waiting"
-        req.status = RequestStatus.FINISHED_ABORTED
-        delay, _ = self.sched.request_finished(req, list(r["blocks"]))
-        r["state"] = "aborted"
-        self._fence(rid)
-        if not was_waiting and not delay:
-            self._release(rid)
-        return {"delay": delay}
-
-    # -- steps ------------------------------------------------------------------------- #
-
-    def step(self) -> Any:
-        meta = self.sched.build_connector_meta(SchedulerOutput.make_empty())
-        results = self.fan("worker_step", meta=meta)
-        outs: list[ModelRunnerOutput | None] = []
-        errors = []
-        for rank, res in enumerate(results):
-            if "error" in res:
-                errors.append(f"rank {rank}: {res['error']}")
-                self.errors.append(f"rank {rank}: {res['error']}")
-                res = {"finished_sending": [], "finished_recving": [], "failed_recving": [], "invalid_block_ids": []}
-            for rid in res["finished_recving"]:
-                self.rank_reports.setdefault(rid, []).append(rank)
-            kv = KVConnectorOutput(
-                finished_sending=set(res["finished_sending"]) or None,
-                finished_recving=set(res["finished_recving"]) or None,
-                failed_recving=set(res["failed_recving"]),
-                invalid_block_ids=set(res["invalid_block_ids"]),
-            )
-            outs.append(model_runner_output([], kv_connector_output=kv))
-        agg = self.aggregator.aggregate(outs, output_rank=0)
-        assert agg is not None and agg.kv_connector_output is not None
-        out = agg.kv_connector_output
-        self.sched.update_connector_output(out)
-        self._apply(out)
-        return {
-            "finished_sending": sorted(out.finished_sending or ()),
-            "finished_recving": sorted(out.finished_recving or ()),
-            "failed_recving": sorted(out.failed_recving or ()),
-            "invalid_block_ids": sorted(out.invalid_block_ids or ()),
-            "errors": errors,
-        }
-
-    def _tell(self, rid: str, what: str) -> None:
-        self.told.setdefault(rid, []).append(what)
-        self.told_at.setdefault(rid, []).append(time.monotonic())
-
-    def _apply(self, out: KVConnectorOutput) -> None:
-        """What vLLM's scheduler does with the aggregated report."""
-        failed = set(out.failed_recving or ())
-        if out.invalid_block_ids:
-            for rid, held in self.reqs.items():
-                if (
-                    not held["freed"]
-                    and held.get("fenced_at") is None
-                    and set(held["blocks"]) & out.invalid_block_ids
-                ):
-                    self._tell(rid, "invalid_blocks")
-                    self._fence(rid)
-        for rid in sorted(out.finished_sending or ()):
-            self._tell(rid, "finished_sending")
-            r = self.reqs.get(rid)
-            if r is None or r["freed"]:
-                self.violations.append(f"{rid}: finished_sending for a freed or unknown request")
-                continue
-            self._release(rid)
-            r["state"] = "sent"
-        for rid in sorted(out.finished_recving or ()):
-            self._tell(rid, "failed_recving" if rid in failed else "finished_recving")
-            r = self.reqs.get(rid)
-            if r is None or r["freed"]:
-                self.violations.append(f"{rid}: finished_recving for a freed or unknown request")
-                continue
-            if rid in failed:
-                self._fence(rid)
-                r["state"] = "failed"
-                self._release(rid)
-            elif r["state"] == "waiting":
-                res = self.fan("check", blocks=r["blocks"], index=r["index"], rid=rid)
-                self._merge(res)
-                r["state"] = "completed"
-                r["completed_at"] = time.monotonic()
-                self._release(rid)
-            elif r["state"] == "aborted":
-                self._release(rid)
-            else:
-                self.violations.append(f"{rid}: finished_recving in state {r['state']}")
-
-    # -- the report -------------------------------------------------------------------- #
-
-    def report(self, final: bool = False, rids: list[str] | None = None) -> Any:
-        if final and self.free:
-            self._merge(self.fan("scan_free", blocks=list(self.free), where="free"))
-        ranks = self.fan("info", rid=rids[0] if rids and len(rids) == 1 else None) if final else []
-        want = set(rids) if rids is not None else None
-
-        def keep(rid: str) -> bool:
-            return want is None or rid in want
-
-        return {
-            "states": {rid: r["state"] for rid, r in self.reqs.items() if keep(rid)},
-            "held": {rid: r["blocks"] for rid, r in self.reqs.items() if not r["freed"] and keep(rid)},
-            "told": {rid: t for rid, t in self.told.items() if keep(rid)},
-            "told_at": {rid: t for rid, t in self.told_at.items() if keep(rid)},
-            "rank_reports": {rid: t for rid, t in self.rank_reports.items() if keep(rid)},
-            "violations": list(self.violations),
-            "bytes_checked": self.bytes_checked,
-            "late_bytes": self.late_bytes,
-            "errors": list(self.errors),
-            "free_blocks": len(self.free),
-            "ranks": ranks,
-        }
-
     def fault(self, **kw: Any) -> Any:
         return self.fan("fault", **kw)
 
     def fault_send(self, **kw: Any) -> Any:
         return self.fan("fault_send", **kw)
-
-    def ranks(self, rid: str | None = None) -> Any:
-        return self.fan("info", rid=rid)
 
 
 def main() -> None:
@@ -687,10 +377,10 @@ def main() -> None:
             if op == "quit":
                 os._exit(0)
             dist.gather_object(workers[eid].do(op, kw), None, dst=0)
-    scheds: dict[str, Scheduler] = {}
+    scheds: dict[str, RankScheduler] = {}
     hello: dict[str, Any] = {}
     for eid, w in workers.items():
-        sched = scheds[eid] = Scheduler(w)
+        sched = scheds[eid] = RankScheduler(w)
         sched.serve_handshakes(payloads[eid])
         hello[eid] = {"port": sched.port, "ranks": sched.ranks()}
     out.write(json.dumps({"ready": True, "engines": hello}) + "\n")
