@@ -7,8 +7,9 @@ Four paths: vLLM's, the plugin's, the plugin's with its flight recorder on
 call timed (``kvdrain_nixl_stall_ms`` 0; the plugin's path times every call). Three
 figures per path, median of ``--repeat`` rounds:
 
-* **step**: one engine step's ``get_transfer_results()`` with ``--pending`` receives
-  outstanding and nothing arriving (what every step pays);
+* **step**: one engine step with ``--pending`` receives outstanding and nothing
+  arriving (what every step pays): the connector's two calls in it, ``start_load_kv``
+  of an empty metadata and ``get_transfer_results()``; and the second alone;
 * **notification**: a batch of ``--batch`` completions, one per request (P TP1 -> D TP1),
   from the writer thread's round to the step that reports them all finished, per
   notification;
@@ -115,6 +116,8 @@ def measure(
     # Requests that stay outstanding for the whole run (never completed).
     w.start_load_kv(metadata([f"idle-{i}" for i in range(pending)]))
     step_ns: list[float] = []
+    whole_ns: list[float] = []
+    empty = metadata([])
     notif_ns: list[float] = []
     reg_ns: list[float] = []
     send_ns: list[float] = []
@@ -142,6 +145,13 @@ def measure(
         assert not res.finished_recving
         step_ns.append((t1 - t0) / 100)
         t0 = time.perf_counter_ns()
+        for _ in range(100):
+            w.start_load_kv(empty)
+            res = w.get_transfer_results()
+        t1 = time.perf_counter_ns()
+        assert not res.finished_recving
+        whole_ns.append((t1 - t0) / 100)
+        t0 = time.perf_counter_ns()
         for _ in range(CALLS):
             nixl.send_notif("P0", notif_msg=b"HB:x")
         t1 = time.perf_counter_ns()
@@ -153,6 +163,7 @@ def measure(
         t1 = time.perf_counter_ns()
         pass_ns.append((t1 - t0) / CALLS)
     return {
+        "whole_step_us": statistics.median(whole_ns) / 1000,
         "step_us": statistics.median(step_ns) / 1000,
         "notification_us": statistics.median(notif_ns) / 1000,
         "registration_us": statistics.median(reg_ns) / 1000,
@@ -405,7 +416,8 @@ def main() -> None:
         f"{'rec/plugin':>12}{'untimed':>12}{'timing':>12}"
     )
     for key, label in (
-        ("step_us", "engine step (us)"),
+        ("whole_step_us", "engine step (us)"),
+        ("step_us", "  get_transfer_results (us)"),
         ("notification_us", "per notification (us)"),
         ("registration_us", "per registration (us)"),
         ("send_notif_ns", "NIXL send_notif (ns)"),
