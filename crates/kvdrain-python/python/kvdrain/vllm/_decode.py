@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 import time
 from collections import OrderedDict, deque
@@ -258,7 +257,8 @@ class DecodeSide:
         # Blocks vLLM's own failure path reports at a release: the scheduler has finished
         # the request by then (failed, aborted or expired); they are not reported again.
         self._released_blocks: set[int] = set()
-        self._lost: queue.Queue[tuple[str, str]] = queue.Queue()
+        # Producers reported lost, from any thread (deque's append and popleft are atomic).
+        self._lost: deque[tuple[str, str]] = deque()
         self._seen = dict.fromkeys((*_IGNORED, *_FAILED_EDGES.values()), 0)
         self._fed = threading.Event()
         # Receives whose registration's lifetime ended early, so no PUSH_REG leaves for
@@ -303,7 +303,7 @@ class DecodeSide:
     def gone(self, agent: str, why: str) -> None:
         """The transport lost producer agent ``agent`` (``why``: what failed); the next
         step reports it to the ledger (``gone``), dated then."""
-        self._lost.put((agent, why))
+        self._lost.append((agent, why))
 
     # -- engine thread ---------------------------------------------------------------- #
 
@@ -447,7 +447,7 @@ class DecodeSide:
             self._completed(rid, report)
         for d in others:
             self._apply(d, report)
-        if not self._caught_up or not self._lost.empty():
+        if not self._caught_up or self._lost:
             self._advance(report)
         self._caught_up = False
         if self._fed.is_set() or self._recount or report.completed or report.released or report.counts:
@@ -682,12 +682,11 @@ class DecodeSide:
             report.invalid.append(rec.invalid)
 
     def _take_lost(self, report: DecodeReport) -> bool:
+        if not self._lost:
+            return False
         lost: dict[str, str] = {}
-        while True:
-            try:
-                agent, why = self._lost.get_nowait()
-            except queue.Empty:
-                break
+        while self._lost:
+            agent, why = self._lost.popleft()
             lost.setdefault(agent, why)
         if not lost:
             return False

@@ -220,6 +220,8 @@ class PrefillSide:
 
     def take_owed(self) -> Owed:
         """The notices the polls owe, to send once vLLM's locks are released."""
+        if not self._owed:
+            return []  # one owed meanwhile is taken at the next step's
         with self._lock:
             owed, self._owed = self._owed, []
             return owed
@@ -228,6 +230,8 @@ class PrefillSide:
         """Keeps a request out of ``finished_sending`` (its source blocks in use) while any
         of its writes may still read them, at most ``quarantine_ms``; reports it once they
         are all over, and retires it."""
+        if not finished_sending and not self._held:
+            return  # _held is this thread's alone
         now = self._now_ms()
         with self._lock:
             for rid in list(finished_sending):

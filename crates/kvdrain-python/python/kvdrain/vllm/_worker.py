@@ -119,6 +119,9 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
 
     def _send_heartbeats(self, metadata: NixlConnectorMetadata) -> None:
         beats = metadata.heartbeat_by_engine
+        if not beats:
+            super()._send_heartbeats(metadata)
+            return
         kept = {}
         for engine, info in beats.items():
             ids = self.kvdrain_decode.beats(engine, info.req_ids)
