@@ -163,6 +163,39 @@ def test_a_held_send_is_logged_once_with_every_stack_and_counted_once(
     assert len(lines(log, "stalled")) == 1
 
 
+def test_a_native_dump_that_never_returns_does_not_hold_the_line(
+    log: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Starting a stack tool forks the process, and the fork can block as long as the
+    stall does (docs/limits.md): the line goes out anyway, with the Python stacks, and
+    no second dump starts while the first has not returned."""
+    stuck = threading.Event()
+
+    def never(*args: Any, **kw: Any) -> tuple[str, str]:
+        stuck.wait(WAIT_S)
+        return "late", "gdb"
+
+    monkeypatch.setattr(_nixl_watch, "thread_stacks", never)
+    monkeypatch.setattr(_nixl_watch, "DUMP_WAIT_S", 0.2)
+    monkeypatch.setattr(_nixl_watch, "_dumping", [None])
+    agent = HeldAgent()
+    tap = tap_over(agent, stack_tools=STACK_TOOLS)
+    agent.hold.set()
+    t = held(tap, lambda: tap.send_notif("agent-P0", notif_msg=b"HB:x"), "engine-step")
+    until(lambda: bool(lines(log, "stalled")))
+    [line] = lines(log, "stalled")
+    assert line["stack_source"] == "python (the native dump did not return in 0.2 s)"
+    assert "_maybe_hold" in line["stacks"]  # the held call's own Python frames
+    assert tap.watch.take_stalls() == 1
+    _nixl_watch._last_dump[0] = float("-inf")  # a new budget: the dump is still stuck
+    stacks, source = _nixl_watch._dump_stacks(STACK_TOOLS)
+    assert source == "python (an earlier native dump has not returned)" and stacks
+    stuck.set()
+    agent.release.set()
+    t.join(WAIT_S)
+    _nixl_watch._dumping[0].join(WAIT_S)  # type: ignore[union-attr]
+
+
 def test_calls_through_getattr_are_timed_too(log: pytest.LogCaptureFixture) -> None:
     """The handshake executor's ``add_remote_agent`` is not one the tap overrides."""
     agent = HeldAgent()

@@ -59,6 +59,11 @@ STACK_TOOLS = ("py-spy", "gdb")
 """The tools that can dump native stacks, in the default order of trying."""
 TOOL_TIMEOUT_S = 60.0
 """The longest a stack tool may run before its dump is abandoned."""
+DUMP_WAIT_S = 20.0
+"""The longest the stall line waits for the native dump. Starting a tool forks this
+process, and a fork can block as long as the stall does (seen: a thread in the kernel
+growing glibc's heap while others spun on the UCX lock it held); past this the line goes
+out with the Python stacks, which need no other process."""
 
 # Where a call names the peer agent it talks to: NIXL's Python API, argument position and
 # keyword. Calls not listed here name none (transfers name a prepared handle).
@@ -322,17 +327,34 @@ os.register_at_fork(after_in_child=_Watchdog._after_fork)
 
 _last_dump = [float("-inf")]  # monotonic seconds of the last dump, any watch
 _dump_lock = threading.Lock()
+_dumping: list[threading.Thread | None] = [None]  # the native dump's thread, if one ran
 
 
 def _dump_stacks(tools: tuple[str, ...]) -> tuple[str | None, str]:
-    """Every thread's stack and how it was taken, or ``None`` and why not (rate limit)."""
+    """Every thread's stack and how it was taken, or ``None`` and why not (rate limit).
+    The native dump runs on a thread of its own, waited for at most :data:`DUMP_WAIT_S`;
+    while one has not returned no other starts."""
     with _dump_lock:
         now = time.monotonic()
         since = now - _last_dump[0]
         if since < STACKS_EVERY_S:
             return None, f"skipped: stacks were dumped {since:.1f} s ago"
         _last_dump[0] = now
-    return thread_stacks(tools=tools)
+        running = _dumping[0]
+        if running is not None and running.is_alive():
+            return _python_stacks(), "python (an earlier native dump has not returned)"
+        out: list[tuple[str, str]] = []
+        dump = threading.Thread(
+            target=lambda: out.append(thread_stacks(tools=tools)),
+            name="kvdrain-stack-dump",
+            daemon=True,
+        )
+        _dumping[0] = dump
+        dump.start()
+    dump.join(DUMP_WAIT_S)
+    if out:
+        return out[0]
+    return _python_stacks(), f"python (the native dump did not return in {DUMP_WAIT_S:g} s)"
 
 
 def thread_stacks(
