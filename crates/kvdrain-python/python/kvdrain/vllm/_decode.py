@@ -208,8 +208,8 @@ class _Receive:
     invalid: set[int] | None = None
     """The blocks reported invalid at its failure or refusal, until its release."""
     refused_groups: list[list[int]] | None = None
-    """Refused but held (two or more ranks): its blocks, released at ``held_until_ms``."""
-    held_until_ms: int = 0
+    """Refused but held (two or more ranks): its blocks, released a quarantine after
+    ``tracked_ms``."""
 
 
 class DecodeSide:
@@ -356,7 +356,6 @@ class DecodeSide:
             rec = self._track(rid, "held", groups)
             rec.outcome = {"outcome": "refused", "cause": str(e), "decided_ms": self._now}
             rec.refused_groups = groups
-            rec.held_until_ms = self._now + self.settings.quarantine_ms
             self._refused_held.append(rid)
             self._report_invalid(rid, groups, report)
             return "held"
@@ -522,14 +521,15 @@ class DecodeSide:
             self._apply(d, report)
         if self._take_lost(report):
             self._recount = True
-        held = self._refused_held
+        held, quarantine = self._refused_held, self.settings.quarantine_ms
         while held:
             rec = self._receives.get(held[0])
-            if rec is not None and now < rec.held_until_ms:
+            groups = None if rec is None else rec.refused_groups
+            if rec is not None and groups is not None and now < rec.tracked_ms + quarantine:
                 break
             rid = held.popleft()
-            if rec is not None and rec.refused_groups is not None:
-                self._released(rid, rec.refused_groups, report, "forced")
+            if groups is not None:
+                self._released(rid, groups, report, "forced")
 
     def _apply(self, d: Decision, report: DecodeReport) -> None:
         rid = d.request_id
@@ -688,8 +688,6 @@ class DecodeSide:
         while self._lost:
             agent, why = self._lost.popleft()
             lost.setdefault(agent, why)
-        if not lost:
-            return False
         for agent, why in lost.items():
             decisions = self.ledger.gone(agent)
             if decisions:
