@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from e2e import EngineProc, run_until
+from report import ScenarioLine, SchedulerReport, line_json, told_once
 
 ROOT = Path(__file__).resolve().parents[4]
 REPORT = Path(os.environ.get("KVDRAIN_E2E_REPORT", ROOT / "target" / "vllm-e2e" / "report.jsonl"))
@@ -98,10 +99,7 @@ class Engines:
 
         def done() -> bool:
             for rid, P, D in reqs:
-                d, p = D.call("report"), P.call("report")
-                if d["states"].get(rid) not in ("completed", "failed") or rid in d["held"]:
-                    return False
-                if rid in p["held"]:
+                if not report_of(D).resolved(rid) or report_of(P).holds(rid):
                     return False
             return True
 
@@ -111,7 +109,7 @@ class Engines:
                 "event": "warm_up",
                 "done": ok,
                 "seconds": round(time.monotonic() - start, 1),
-                "states": {rid: D.call("report")["states"].get(rid) for rid, _, D in reqs},
+                "states": {rid: report_of(D).states.get(rid) for rid, _, D in reqs},
             }
         )
 
@@ -146,10 +144,15 @@ def _index() -> int:
         return next(_INDEX)
 
 
-def _write(line: dict[str, Any]) -> None:
+def _write(event: dict[str, Any]) -> None:
+    """One of the suite's own lines (its engines' start, the warm-up)."""
+    _write_line(json.dumps(event, sort_keys=True))
+
+
+def _write_line(text: str) -> None:
     with REPORT.open("a") as f:
-        f.write(json.dumps(line, sort_keys=True) + "\n")
-    print(json.dumps(line, sort_keys=True))
+        f.write(text + "\n")
+    print(text)
 
 
 FLEETS = {
@@ -159,7 +162,7 @@ FLEETS = {
 
 
 class Run:
-    """One scenario on one fleet: its requests, and the engines' figures before it."""
+    """One scenario on one fleet: its requests, and the engines' reports before it."""
 
     def __init__(self, engines: Engines, scenario: str, p: str, d: str) -> None:
         self.P = engines.procs[p]
@@ -167,7 +170,8 @@ class Run:
         self.scenario = scenario
         self.rids: list[str] = []
         self.t0 = time.monotonic()
-        self.before = {"D": self.D.call("report"), "P": self.P.call("report")}
+        self.before_d = report_of(self.D)
+        self.before_p = report_of(self.P)
 
     def push(self, *, send: bool = True, n_blocks: int = N_BLOCKS) -> str:
         i = _index()
@@ -178,76 +182,65 @@ class Run:
             self.P.call("send", rid=rid, index=i, n_blocks=n_blocks)
         return rid
 
-    def d(self) -> dict[str, Any]:
-        r: dict[str, Any] = self.D.call("report")
-        return r
+    def d(self) -> SchedulerReport:
+        return report_of(self.D)
 
     def until(self, cond: Any, bound_s: float = BOUND_S) -> bool:
         ok, _ = run_until([self.P, self.D], cond, bound_s)
         return ok
 
     def told(self, rid: str) -> list[str]:
-        told: list[str] = self.d()["told"].get(rid, [])
-        return told
+        return self.d().told_of(rid)
 
     def state(self, rid: str) -> str | None:
-        st: str | None = self.d()["states"].get(rid)
-        return st
+        return self.d().states.get(rid)
 
     def held(self, rid: str) -> bool:
-        return rid in self.d()["held"]
+        return self.d().holds(rid)
 
-    def finish(self, **extra: Any) -> dict[str, Any]:
-        d = self.D.call("report", final=True)
-        p = self.P.call("report", final=True) if self.P.alive() else None
-        b = self.before
-        states = {rid: d["states"].get(rid) for rid in self.rids}
-        told = {rid: d["told"].get(rid, []) for rid in self.rids}
-        counters = d["counters"]
-        before_c = b["D"]["counters"]
-
-        def delta(name: str) -> int:
-            return int(counters.get(name, 0)) - int(before_c.get(name, 0))
-
-        line = {
-            "scenario": self.scenario,
-            "p": self.P.engine_id,
-            "d": self.D.engine_id,
-            "transport": TRANSPORT,
-            "requests": len(self.rids),
-            "completed": sum(1 for s in states.values() if s == "completed"),
-            "failed": sum(1 for s in states.values() if s == "failed"),
-            "expired": delta("expired"),
-            # Edges the plugin's ledger failed because their producer was seen gone.
-            "gone_edges": delta("gone_edges"),
-            # What made the plugin D's failure decisions in this run (its ledger's
-            # counters; empty for vLLM's D, which decides none).
-            "decided_by": [
+    def finish(self, **extra: Any) -> ScenarioLine:
+        d = report_of(self.D, final=True)
+        p = report_of(self.P, final=True) if self.P.alive() else None
+        on_d = d.since(self.before_d)
+        states = {rid: d.states.get(rid) for rid in self.rids}
+        told = {rid: d.told_of(rid) for rid in self.rids}
+        line = ScenarioLine(
+            scenario=self.scenario,
+            p=self.P.engine_id,
+            d=self.D.engine_id,
+            transport=TRANSPORT,
+            requests=len(self.rids),
+            completed=sum(1 for s in states.values() if s == "completed"),
+            failed=sum(1 for s in states.values() if s == "failed"),
+            expired=on_d.count("expired"),
+            gone_edges=on_d.count("gone_edges"),
+            decided_by=[
                 cause
                 for cause, n in (
-                    ("PUSH_FAIL", delta("failure_notices")),
-                    ("deadline", delta("expired")),
-                    ("gone", delta("gone_edges")),
+                    ("PUSH_FAIL", on_d.count("failure_notices")),
+                    ("deadline", on_d.count("expired")),
+                    ("gone", on_d.count("gone_edges")),
                 )
                 if n > 0
             ],
-            "unresolved": sorted(rid for rid, s in states.items() if s in ("waiting", "aborted")),
-            "blocks_held": sorted(rid for rid in self.rids if rid in d["held"]),
-            "bytes_checked": d["bytes_checked"] - b["D"]["bytes_checked"],
-            "late_bytes": d["late_bytes"] - b["D"]["late_bytes"],
-            "violations": d["violations"][len(b["D"]["violations"]) :]
-            + ([] if p is None else p["violations"][len(b["P"]["violations"]) :]),
-            "engine_errors": d["errors"][len(b["D"]["errors"]) :],
-            "told": told,
-            "told_once": all(
-                sum(1 for t in ts if t in ("finished_recving", "failed_recving")) <= 1
-                for ts in told.values()
-            ),
-            "seconds": round(time.monotonic() - self.t0, 2),
-            **extra,
-        }
-        _write(line)
+            unresolved=sorted(rid for rid, s in states.items() if s in ("waiting", "aborted")),
+            blocks_held=sorted(rid for rid in self.rids if d.holds(rid)),
+            bytes_checked=on_d.bytes_checked,
+            late_bytes=on_d.late_bytes,
+            violations=on_d.violations + ([] if p is None else p.since(self.before_p).violations),
+            engine_errors=on_d.errors,
+            told=told,
+            told_once=all(told_once(t) for t in told.values()),
+            seconds=round(time.monotonic() - self.t0, 2),
+            extra=extra,
+        )
+        _write_line(line_json(line))
         return line
+
+
+def report_of(engine: EngineProc, *, final: bool = False) -> SchedulerReport:
+    """``engine``'s scheduler report, typed."""
+    return SchedulerReport.parse(engine.call("report", final=final))
 
 
 def resolved(run: Run, rid: str) -> Any:
@@ -265,10 +258,10 @@ def test_completion(engines: Engines, fleet: str) -> None:
     rids = [run.push() for _ in range(3)]
     assert run.until(lambda: all(run.state(r) == "completed" for r in rids))
     line = run.finish()
-    assert line["violations"] == []
-    assert line["completed"] == 3 and line["told_once"]
-    assert all(line["told"][r] == ["finished_recving"] for r in rids)
-    assert line["bytes_checked"] > 0
+    assert line.violations == []
+    assert line.completed == 3 and line.told_once
+    assert all(line.told[r] == ["finished_recving"] for r in rids)
+    assert line.bytes_checked > 0
 
 
 @pytest.mark.parametrize("fleet", ["plugin", "control"])
@@ -280,7 +273,7 @@ def test_reuse_after_completion(engines: Engines, fleet: str) -> None:
         rid = run.push(n_blocks=8)
         assert run.until(lambda: run.state(rid) == "completed")
     line = run.finish()
-    assert line["violations"] == [] and line["completed"] == 4 and line["told_once"]
+    assert line.violations == [] and line.completed == 4 and line.told_once
 
 
 @pytest.mark.parametrize("fleet", ["plugin", "control"])
@@ -299,13 +292,13 @@ def test_post_failure(engines: Engines, fleet: str) -> None:
         t = time.monotonic()
         assert run.until(resolved(run, rid))
         line = run.finish(resolved_s=round(time.monotonic() - t, 2))
-        assert line["told"][rid] == ["invalid_blocks", "failed_recving"]
-        assert line["expired"] == 0, "the PUSH_FAIL decided, not the deadline"
-        assert line["violations"] == [] and line["told_once"]
+        assert line.told[rid] == ["invalid_blocks", "failed_recving"]
+        assert line.expired == 0, "the PUSH_FAIL decided, not the deadline"
+        assert line.violations == [] and line.told_once
     else:
         assert not run.until(lambda: bool(run.told(rid)), HANG_S)
         line = run.finish()
-        assert line["told"][rid] == [] and line["blocks_held"] == [rid]
+        assert line.told[rid] == [] and line.blocks_held == [rid]
     run.P.call("fault", post_fail=[])
 
 
@@ -325,12 +318,12 @@ def test_backend_error_after_post(engines: Engines, fleet: str) -> None:
     if fleet == "plugin":
         assert run.until(resolved(run, rid))
         line = run.finish()
-        assert line["told"][rid] == ["invalid_blocks", "failed_recving"]
-        assert line["violations"] == [] and line["told_once"]
+        assert line.told[rid] == ["invalid_blocks", "failed_recving"]
+        assert line.violations == [] and line.told_once
     else:
         assert not run.until(lambda: bool(run.told(rid)), HANG_S)
         line = run.finish()
-        assert line["told"][rid] == [] and line["blocks_held"] == [rid]
+        assert line.told[rid] == [] and line.blocks_held == [rid]
     run.P.call("fault", backend_error=[])
 
 
@@ -347,14 +340,14 @@ def test_deadline(engines: Engines, fleet: str) -> None:
     if fleet == "plugin":
         assert run.until(resolved(run, rid))
         line = run.finish(resolved_s=round(time.monotonic() - t, 2))
-        assert line["expired"] == 1
-        assert line["told"][rid] == ["invalid_blocks", "failed_recving"]
-        assert line["resolved_s"] >= (DEADLINE_MS + QUARANTINE_MS) / 1000 - 1
-        assert line["violations"] == [] and line["told_once"]
+        assert line.expired == 1
+        assert line.told[rid] == ["invalid_blocks", "failed_recving"]
+        assert line.extra["resolved_s"] >= (DEADLINE_MS + QUARANTINE_MS) / 1000 - 1
+        assert line.violations == [] and line.told_once
     else:
         assert not run.until(lambda: bool(run.told(rid)), HANG_S)
         line = run.finish()
-        assert line["told"][rid] == [] and line["blocks_held"] == [rid]
+        assert line.told[rid] == [] and line.blocks_held == [rid]
 
 
 @pytest.mark.parametrize("fleet", ["plugin", "control"])
@@ -379,12 +372,12 @@ def test_abort_while_writing(engines: Engines, fleet: str) -> None:
     if fleet == "plugin":
         assert run.until(lambda: not run.held(rid))
         line = run.finish()
-        assert line["told"][rid] in (["finished_recving"], ["failed_recving"])
-        assert line["violations"] == [] and line["told_once"]
+        assert line.told[rid] in (["finished_recving"], ["failed_recving"])
+        assert line.violations == [] and line.told_once
     else:
         assert not run.until(lambda: not run.held(rid), HANG_S)
         line = run.finish()
-        assert line["blocks_held"] == [rid] and line["told"][rid] == []
+        assert line.blocks_held == [rid] and line.told[rid] == []
     run.P.call("fault", backend_error=[])
 
 
@@ -407,12 +400,12 @@ def test_duplicate_stray_and_garbage_notices(engines: Engines, fleet: str) -> No
     # P has D's registration once the writer thread waits on the hold.
     md = run.D.call("agent_md")
     d_agent = md["name"]
-    strays = run.d()["counters"].get("unexpected_sender", 0)
+    strays = run.d().counters.get("unexpected_sender", 0)
     run.P.call("stray_send", md_b64=md["md"], message_b64=base64.b64encode(f"{rid}:1".encode()).decode())
     # Wait until D has taken the stray notice: counted (plugin) or acted on (vLLM's).
     assert run.until(
         lambda: run.state(rid) == "completed"
-        or run.d()["counters"].get("unexpected_sender", 0) > strays
+        or run.d().counters.get("unexpected_sender", 0) > strays
     )
     early = run.state(rid)
     run.P.send_raw(d_agent, b"\xff\xfe not utf-8")
@@ -425,15 +418,15 @@ def test_duplicate_stray_and_garbage_notices(engines: Engines, fleet: str) -> No
         run.P.send_raw(d_agent, f"{rid}:1".encode())
 
         def repeats() -> int:
-            c = run.D.call("report")["counters"]
-            return int(c["duplicate"] + c["late"] + c["unknown"])
+            c = run.d().counters
+            return c["duplicate"] + c["late"] + c["unknown"]
 
         # Waited for, not slept on: a loaded host may take longer than any fixed pause.
         assert run.until(lambda: repeats() >= 1)
         line = run.finish(state_after_stray=early)
-        assert line["told"][rid] == ["finished_recving"] and line["told_once"]
-        assert line["violations"] == [] and line["engine_errors"] == []
-        c = run.D.call("report")["counters"]
+        assert line.told[rid] == ["finished_recving"] and line.told_once
+        assert line.violations == [] and line.engine_errors == []
+        c = run.d().counters
         assert c["malformed"] >= 2 and c["unexpected_sender"] >= 1
         # The second completion, after the first was reported, changed nothing.
         assert c["duplicate"] + c["late"] + c["unknown"] >= 1
@@ -441,19 +434,16 @@ def test_duplicate_stray_and_garbage_notices(engines: Engines, fleet: str) -> No
         # Until the held WRITE landed in the freed blocks and the garbage raised (waited
         # for: the assertions below then judge what was seen, whatever the host's load).
         def seen() -> bool:
-            d = run.d()
-            b = run.before["D"]
-            landed = d["violations"][len(b["violations"]) :]
-            return any("held stamps of request" in v for v in landed) and bool(
-                d["errors"][len(b["errors"]) :]
-            )
+            since = run.d().since(run.before_d)
+            landed = since.violations
+            return any("held stamps of request" in v for v in landed) and bool(since.errors)
 
         run.until(seen)
         line = run.finish(state_after_stray=early)
         assert early == "completed", "vLLM's D completes on a stray notice"
-        assert any("when decoding would start" in v for v in line["violations"])
-        assert any("held stamps of request" in v for v in line["violations"])
-        assert line["engine_errors"], "vLLM's D raises on garbage bytes"
+        assert any("when decoding would start" in v for v in line.violations)
+        assert any("held stamps of request" in v for v in line.violations)
+        assert line.engine_errors, "vLLM's D raises on garbage bytes"
 
 
 def test_mixed_plain_p_plugin_d(engines: Engines) -> None:
@@ -471,8 +461,8 @@ def test_mixed_plain_p_plugin_d(engines: Engines) -> None:
     assert run.until(resolved(run, rid))
     line = run.finish()
     run.P.call("fault", post_fail=[])
-    assert line["expired"] == 1 and line["told"][rid] == ["invalid_blocks", "failed_recving"]
-    assert line["violations"] == [] and line["told_once"]
+    assert line.expired == 1 and line.told[rid] == ["invalid_blocks", "failed_recving"]
+    assert line.violations == [] and line.told_once
 
 
 def test_mixed_plugin_p_plain_d(engines: Engines) -> None:
@@ -491,8 +481,8 @@ def test_mixed_plugin_p_plain_d(engines: Engines) -> None:
     assert not run.until(lambda: bool(run.told(rid)), 3.0)
     line = run.finish()
     run.P.call("fault", post_fail=[])
-    assert line["engine_errors"] == [] and line["violations"] == []
-    assert line["told"][ok_rid] == ["finished_recving"] and line["told"][rid] == []
+    assert line.engine_errors == [] and line.violations == []
+    assert line.told[ok_rid] == ["finished_recving"] and line.told[rid] == []
 
 
 @pytest.mark.parametrize("fleet", ["plugin", "control"])
@@ -517,7 +507,7 @@ def test_producer_killed_mid_write(engines: Engines, fleet: str) -> None:
     exited_at = time.monotonic()
     if fleet == "plugin":
         assert run.until(resolved(run, rid))
-        told_at = run.d()["told_at"][rid]
+        told_at = run.d().told_at[rid]
         # The lost agent shows only once the kernel has torn P down and closed its
         # sockets (about 2 s here, up to 8.4 s seen on a loaded two-core host). Reaped a
         # second or more before D's deadline (which counts from the registration, after
@@ -530,18 +520,18 @@ def test_producer_killed_mid_write(engines: Engines, fleet: str) -> None:
             exited_s=round(exited_at - killed_at, 3),
             judged=judged,
         )
-        assert line["told"][rid] == ["invalid_blocks", "failed_recving"]
+        assert line.told[rid] == ["invalid_blocks", "failed_recving"]
         if judged:
-            assert line["decided_by"] == ["gone"] and line["gone_edges"] == 1, line
+            assert line.decided_by == ["gone"] and line.gone_edges == 1, line
         else:
-            assert line["decided_by"] in (["gone"], ["deadline"], ["deadline", "gone"]), line
+            assert line.decided_by in (["gone"], ["deadline"], ["deadline", "gone"]), line
         # Released after settling (the engines' steps add their pace to the bound).
-        assert line["released_s"] - line["decision_s"] >= SETTLE_MS / 1000 - 0.05
-        assert line["violations"] == [] and line["told_once"]
+        assert line.extra["released_s"] - line.extra["decision_s"] >= SETTLE_MS / 1000 - 0.05
+        assert line.violations == [] and line.told_once
     else:
         assert not run.until(lambda: bool(run.told(rid)), HANG_S)
         line = run.finish()
-        assert line["told"][rid] == [] and line["blocks_held"] == [rid]
+        assert line.told[rid] == [] and line.blocks_held == [rid]
 
 
 REPLAY = Path(os.environ.get("KVDRAIN_BIN", ROOT / "target" / "release" / "kvdrain"))

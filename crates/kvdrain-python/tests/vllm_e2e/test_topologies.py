@@ -45,6 +45,7 @@ from typing import Any
 import pytest
 
 from e2e import run_until
+from report import SchedulerReport, TopologyLine, line_json, told_once
 from topo import SUMMARY, Engine, Host
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -175,9 +176,21 @@ def hosts() -> Iterator[Hosts]:
         h.close()
 
 
-def _write(line: dict[str, Any]) -> None:
+def _write(event: dict[str, Any]) -> None:
+    """One of the suite's own lines (its hosts' start)."""
+    _write_line(json.dumps(event, sort_keys=True))
+
+
+def _write_line(text: str) -> None:
     with REPORT.open("a") as out:
-        out.write(json.dumps(line, sort_keys=True) + "\n")
+        out.write(text + "\n")
+
+
+def report_of(
+    group: Engine, *, final: bool = False, rids: list[str] | None = None
+) -> SchedulerReport:
+    """``group``'s scheduler report (rank 0's), typed; of ``rids`` only, when given."""
+    return SchedulerReport.parse(group.call("report", final=final, rids=rids))
 
 
 class Run:
@@ -191,7 +204,7 @@ class Run:
         self.edges = edges_of(self.P, self.D)
         self.index = fleet.index()
         self.rid = f"{topology}-{scenario}-{fleet.which}-{self.index}"
-        self.before = self.D.call("report", rids=[])
+        self.before = report_of(self.D, rids=[])
         self._faults: list[dict[str, Any]] = []
         self.t0 = time.monotonic()
 
@@ -215,20 +228,17 @@ class Run:
         ok, _ = run_until([g for g in (self.P, self.D) if g.alive()], cond, bound_s)
         return ok
 
-    def d(self) -> dict[str, Any]:
-        r: dict[str, Any] = self.D.call("report", rids=[self.rid])
-        return r
+    def d(self) -> SchedulerReport:
+        return report_of(self.D, rids=[self.rid])
 
     def told(self) -> list[str]:
-        t: list[str] = self.d()["told"].get(self.rid, [])
-        return t
+        return self.d().told_of(self.rid)
 
     def resolved(self) -> bool:
-        r = self.d()
-        return r["states"].get(self.rid) in ("completed", "failed") and self.rid not in r["held"]
+        return self.d().resolved(self.rid)
 
     def released(self) -> bool:
-        return self.rid not in self.d()["held"]
+        return not self.d().holds(self.rid)
 
     def p_faults(self) -> list[dict[str, Any]]:
         """Each P rank's fault record (the last one read, once P is dead)."""
@@ -282,12 +292,11 @@ class Run:
         """The next request on the same pair completes with its own stamps."""
         nxt = Run(self.fleet, self.topology, "followup", self.run)
         nxt.start()
-        ok = nxt.until(lambda: nxt.d()["states"].get(nxt.rid) == "completed", 60)
-        d = nxt.d()
+        ok = nxt.until(lambda: nxt.d().states.get(nxt.rid) == "completed", 60)
         return {
             "rid": nxt.rid,
             "completed": ok,
-            "told": d["told"].get(nxt.rid, []),
+            "told": nxt.told(),
             "seconds": round(time.monotonic() - nxt.t0, 2),
         }
 
@@ -298,11 +307,11 @@ class Run:
         kind: str | None,
         last: float | None = None,
         **extra: Any,
-    ) -> dict[str, Any]:
-        d = self.D.call("report", final=True, rids=[self.rid])
-        b = self.before
-        told = d["told"].get(self.rid, [])
-        told_at = d["told_at"].get(self.rid, [])
+    ) -> TopologyLine:
+        d = report_of(self.D, final=True, rids=[self.rid])
+        since = d.since(self.before)
+        told = d.told_of(self.rid)
+        told_at = d.told_at.get(self.rid, [])
         last = self.last_write() if last is None else last
         label = {a: f"P{r}" for r, a in enumerate(self.P.agents)}
         notices = [
@@ -311,48 +320,49 @@ class Run:
                 "to": f"D{rank}",
                 "kind": "PUSH_FAIL" if m.startswith("PUSH_FAIL:") else "completion",
             }
-            for rank, r in enumerate(d["ranks"])
+            for rank, r in enumerate(d.ranks)
             for _, a, m in r["notices"]
             if m.rsplit(":", 1)[0].removeprefix("PUSH_FAIL:") == self.rid
         ]
-        edges_mode = []
-        for r in d["ranks"]:
+        edges_mode: list[str | None] = []
+        for r in d.ranks:
             e = r["expects"].get(self.rid)
             edges_mode.append(
                 None if e is None else "counted" if isinstance(e, int) else "named"
             )
-        reports = d["rank_reports"].get(self.rid, [])
-        state = d["states"].get(self.rid)
-        line = {
-            "topology": self.topology,
-            "scenario": self.scenario,
-            "connector": self.fleet.which,
-            "run": self.run,
-            "rid": self.rid,
-            "kind": kind,
-            "failing_edges": [f"P{p}->D{q}" for p, q in failing],
-            "state": state,
-            "decided": state if state in ("completed", "failed") else "none",
-            "told": told,
-            "told_once": sum(1 for t in told if t in ("finished_recving", "failed_recving")) <= 1,
-            "each_rank_once": sorted(reports) == list(range(self.D.tp * self.D.pp))
+        reports = d.rank_reports.get(self.rid, [])
+        state = d.states.get(self.rid)
+        held = d.holds(self.rid)
+        line = TopologyLine(
+            topology=self.topology,
+            scenario=self.scenario,
+            connector=self.fleet.which,
+            run=self.run,
+            rid=self.rid,
+            kind=kind,
+            failing_edges=[f"P{p}->D{q}" for p, q in failing],
+            state=state,
+            decided=state if state in ("completed", "failed") else "none",
+            told=told,
+            told_once=told_once(told),
+            each_rank_once=sorted(reports) == list(range(self.D.tp * self.D.pp))
             if reports
             else None,
-            "blocks_held": self.rid in d["held"],
-            "decision_s": None if not told_at or last is None else round(told_at[0] - last, 3),
-            "release_s": None
-            if not told_at or last is None or self.rid in d["held"]
+            blocks_held=held,
+            decision_s=None if not told_at or last is None else round(told_at[0] - last, 3),
+            release_s=None
+            if not told_at or last is None or held
             else round(told_at[-1] - last, 3),
-            "notices": notices,
-            "edges": edges_mode,
-            "bytes_checked": d["bytes_checked"] - b["bytes_checked"],
-            "late_bytes": d["late_bytes"] - b["late_bytes"],
-            "violations": d["violations"][len(b["violations"]) :],
-            "engine_errors": d["errors"][len(b["errors"]) :],
-            "seconds": round(time.monotonic() - self.t0, 2),
-            **extra,
-        }
-        _write(line)
+            notices=notices,
+            edges=edges_mode,
+            bytes_checked=since.bytes_checked,
+            late_bytes=since.late_bytes,
+            violations=since.violations,
+            engine_errors=since.errors,
+            seconds=round(time.monotonic() - self.t0, 2),
+            extra=extra,
+        )
+        _write_line(line_json(line))
         SUMMARY.add(line)
         return line
 
@@ -361,10 +371,10 @@ class Run:
             self.P.call("fault", post_fail=[], backend_error=[], stall=[], hold=[])
 
 
-def check_notices(run: Run, line: dict[str, Any], failing: list[tuple[int, int]]) -> None:
+def check_notices(run: Run, line: TopologyLine, failing: list[tuple[int, int]]) -> None:
     """Every edge sent exactly one notice, from the agent of its P rank; a failing edge
     a PUSH_FAIL (plugin) or nothing (vLLM 0.33 sends none)."""
-    got = sorted((n["from"], n["to"], n["kind"]) for n in line["notices"])
+    got = sorted((n["from"], n["to"], n["kind"]) for n in line.notices)
     want = []
     for p, q in run.edges:
         if (p, q) in failing:
@@ -375,19 +385,19 @@ def check_notices(run: Run, line: dict[str, Any], failing: list[tuple[int, int]]
     assert got == sorted(want), line
 
 
-def check_edges(run: Run, line: dict[str, Any]) -> None:
+def check_edges(run: Run, line: TopologyLine) -> None:
     """Named edges wherever the layout allows (every non-MLA layout here); vLLM's count
     for MLA (the plugin's documented limit)."""
     if run.fleet.which != "plugin":
         return
     want = "counted" if run.topology.startswith("mla") else "named"
-    assert line["edges"] == [want] * run.D.tp, line
+    assert line.edges == [want] * run.D.tp, line
 
 
-def plugin_ok(line: dict[str, Any]) -> None:
-    assert line["violations"] == [] and line["engine_errors"] == [], line
-    assert line["told_once"] and line["each_rank_once"], line
-    assert not line["blocks_held"], line
+def plugin_ok(line: TopologyLine) -> None:
+    assert line.violations == [] and line.engine_errors == [], line
+    assert line.told_once and line.each_rank_once, line
+    assert not line.blocks_held, line
 
 
 _WARM: set[str] = set()
@@ -416,13 +426,13 @@ def test_ok(warm: Fleet, topology: str) -> None:
     for i in range(TOPOLOGIES[topology][2]):
         run = Run(fleet, topology, "ok", i)
         run.start()
-        assert run.until(lambda: run.d()["states"].get(run.rid) == "completed")
+        assert run.until(lambda: run.d().states.get(run.rid) == "completed")
         line = run.finish(failing=[], kind=None)
-        assert line["told"] == ["finished_recving"], line
+        assert line.told == ["finished_recving"], line
         check_notices(run, line, [])
         check_edges(run, line)
         plugin_ok(line) if fleet.which == "plugin" else None
-        assert line["violations"] == [], line
+        assert line.violations == [], line
 
 
 def _failing(run: Run, i: int) -> tuple[list[tuple[int, int]], str]:
@@ -493,21 +503,21 @@ def _seed(fleet: Fleet, topology: str, order: str) -> None:
         if fleet.which == "plugin":
             assert run.until(run.resolved)
             line = run.finish(failing=failing, kind=kind, followup=run.followup())
-            assert line["state"] == "failed", line
-            assert line["told"] == ["invalid_blocks", "failed_recving"], line
+            assert line.state == "failed", line
+            assert line.told == ["invalid_blocks", "failed_recving"], line
             # Released only after the last WRITE ended; with one consumer rank, decided then too.
-            assert line["release_s"] is not None and line["release_s"] > 0, line
+            assert line.release_s is not None and line.release_s > 0, line
             if run.D.tp == 1:
-                assert line["decision_s"] is not None and line["decision_s"] > 0, line
+                assert line.decision_s is not None and line.decision_s > 0, line
             plugin_ok(line)
         else:
             # Every WRITE ended; the hang is watched at the end (test_fleet_end), with
             # every engine stepped, at least HANG_S past this one's last write.
             assert run.until(run.ended)
             line = run.finish(failing=failing, kind=kind, followup=run.followup())
-            assert line["told"] == [] and line["blocks_held"], line
+            assert line.told == [] and line.blocks_held, line
             fleet.hung.append((run.D.engine_id, run.rid, run.last_write() or time.monotonic()))
-        assert line["followup"]["completed"] and line["followup"]["told"] == ["finished_recving"]
+        assert line.extra["followup"]["completed"] and line.extra["followup"]["told"] == ["finished_recving"]
         check_notices(run, line, failing)
         check_edges(run, line)
         run.clear()
@@ -547,13 +557,13 @@ def test_abort_while_writing(warm: Fleet, topology: str) -> None:
     if fleet.which == "plugin":
         assert run.until(run.released)
         line = run.finish(failing=[fails], kind="backend_error")
-        assert line["told"] in (["finished_recving"], ["failed_recving"]), line
-        assert line["release_s"] is not None and line["release_s"] > 0, line
-        assert line["violations"] == [] and line["told_once"], line
+        assert line.told in (["finished_recving"], ["failed_recving"]), line
+        assert line.release_s is not None and line.release_s > 0, line
+        assert line.violations == [] and line.told_once, line
     else:
         assert not run.until(run.released, WATCH_S + 1)
         line = run.finish(failing=[fails], kind="backend_error")
-        assert line["blocks_held"] and line["told"] == [], line
+        assert line.blocks_held and line.told == [], line
         fleet.hung.append((run.D.engine_id, run.rid, run.last_write() or time.monotonic()))
     del lands
     run.clear()
@@ -606,7 +616,7 @@ def test_producer_rank_killed_mid_write(hosts: Hosts, topology: str) -> None:
     failing = [e for e in plugin.edges if e[0] == 1]
     both = [plugin.D, control.D]
     run_until(both, lambda: plugin.resolved(), BOUND_S)
-    told_at = plugin.d()["told_at"].get(plugin.rid, [killed_at])
+    told_at = plugin.d().told_at.get(plugin.rid, [killed_at])
     line = plugin.finish(
         failing=failing,
         kind="killed",
@@ -619,7 +629,7 @@ def test_producer_rank_killed_mid_write(hosts: Hosts, topology: str) -> None:
         else round(exited - killed_at, 3),
     )
     check_edges(plugin, line)  # named: the precondition of a decision by the lost agent
-    assert line["told"] == ["invalid_blocks", "failed_recving"], line
+    assert line.told == ["invalid_blocks", "failed_recving"], line
     # The lost agent shows only once the kernel has torn the killed process down and
     # closed its sockets (1.8-8.4 s on a loaded 2-core host). Reaped a second or more
     # before the receive's deadline (at least DEADLINE_MS after the run began), the
@@ -627,13 +637,13 @@ def test_producer_rank_killed_mid_write(hosts: Hosts, topology: str) -> None:
     exited = plugin.P.host.exited_at.get(1)
     if exited is not None and exited < plugin.t0 + DEADLINE_MS / 1000 - 1:
         want = {"failed": plugin.D.tp, "expired": 0, "gone_edges": len(failing)}
-        assert line["ledger"] == want, line
+        assert line.extra["ledger"] == want, line
     else:
-        assert line["ledger"]["failed"] + line["ledger"]["expired"] == plugin.D.tp, line
+        assert line.extra["ledger"]["failed"] + line.extra["ledger"]["expired"] == plugin.D.tp, line
     plugin_ok(line)
     run_until(both, lambda: bool(control.told()) or time.monotonic() > killed_at + WATCH_S, BOUND_S)
     cline = control.finish(failing=failing, kind="killed", last=killed_at)
-    assert cline["told"] == [] and cline["blocks_held"], cline
+    assert cline.told == [] and cline.blocks_held, cline
     control.fleet.hung.append((control.D.engine_id, control.rid, killed_at))
 
 
@@ -648,13 +658,13 @@ def test_fleet_end(warm: Fleet) -> None:
     for name, g in fleet.groups.items():
         if g.role != "D":
             continue
-        d = g.call("report", final=True)
-        assert d["violations"] == [], (name, d["violations"])
+        d = report_of(g, final=True)
+        assert d.violations == [], (name, d.violations)
         hung = {rid for e, rid, _ in fleet.hung if e == g.engine_id}
         for rid in hung:
-            assert d["told"].get(rid, []) == [] and rid in d["held"], (name, rid)
+            assert d.told_of(rid) == [] and d.holds(rid), (name, rid)
         if fleet.which == "plugin":
-            assert d["held"] == {}, (name, d["held"])
+            assert d.held == {}, (name, d.held)
     SUMMARY.hangs[fleet.which] = {
         "hung_requests": len(fleet.hung),
         "watched_s": HANG_S,

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from e2e import HERE, SHARED, TRANSPORTS, EngineError, EngineProc, free_port
+from report import TopologyLine
 
 
 class Host(EngineProc):
@@ -192,13 +193,13 @@ class Summary:
     connector, from the runs' report lines."""
 
     def __init__(self) -> None:
-        self.rows: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+        self.rows: dict[tuple[str, str, str], list[TopologyLine]] = {}
         self.hangs: dict[str, dict[str, Any]] = {}
         self.started = time.monotonic()
         self.startup_s = 0.0
 
-    def add(self, line: dict[str, Any]) -> None:
-        key = (str(line["topology"]), str(line["scenario"]), str(line["connector"]))
+    def add(self, line: TopologyLine) -> None:
+        key = (line.topology, line.scenario, line.connector)
         self.rows.setdefault(key, []).append(line)
 
     @staticmethod
@@ -226,15 +227,15 @@ class Summary:
             lines = self.rows[(topo, scen, conn)]
             decided: dict[str, int] = {}
             for ln in lines:
-                decided[ln["decided"]] = decided.get(ln["decided"], 0) + 1
-            told = sorted({"+".join(ln["told"]) or "nothing" for ln in lines})
-            once = all(ln["told_once"] for ln in lines)
-            viol = sum(len(ln["violations"]) for ln in lines)
-            nbytes = sum(int(ln["bytes_checked"]) for ln in lines)
-            late = sum(int(ln["late_bytes"]) for ln in lines)
-            dec = [float(ln["decision_s"]) for ln in lines if ln["decision_s"] is not None]
-            rel = [float(ln["release_s"]) for ln in lines if ln["release_s"] is not None]
-            edges = sorted({str(e) for ln in lines for e in ln["edges"]})
+                decided[ln.decided] = decided.get(ln.decided, 0) + 1
+            told = sorted({"+".join(ln.told) or "nothing" for ln in lines})
+            once = all(ln.told_once for ln in lines)
+            viol = sum(len(ln.violations) for ln in lines)
+            nbytes = sum(ln.bytes_checked for ln in lines)
+            late = sum(ln.late_bytes for ln in lines)
+            dec = [ln.decision_s for ln in lines if ln.decision_s is not None]
+            rel = [ln.release_s for ln in lines if ln.release_s is not None]
+            edges = sorted({str(e) for ln in lines for e in ln.edges})
             decisions = ", ".join(f"{k} {v}" for k, v in sorted(decided.items()))
             out.append(
                 f"{topo:<12} {scen:<14} {conn:<8} {len(lines):>4} {decisions:<22} "
