@@ -381,6 +381,15 @@ def test_abort_while_writing(engines: Engines, fleet: str) -> None:
     run.P.call("fault", backend_error=[])
 
 
+WIRE_TRIES = 3
+"""Tries of the stray-notice scenario on the plugin fleet, until one is judged."""
+WIRE_MARGIN_S = 3.0
+"""A try is judged on its completion only when P's held WRITE was let go this long
+before D's deadline. The steps before it (the stray's round trip, the garbage, a pause)
+take about a second here, but on a loaded host they once took the whole 6 s, and the
+plugin then rightly expired the request before the WRITE could land."""
+
+
 @pytest.mark.parametrize("fleet", ["plugin", "control"])
 def test_duplicate_stray_and_garbage_notices(engines: Engines, fleet: str) -> None:
     """While P holds a request's WRITE back (nothing landed yet), a NIXL agent no
@@ -389,12 +398,26 @@ def test_duplicate_stray_and_garbage_notices(engines: Engines, fleet: str) -> No
     it again. The plugin ignores the stray and the garbage, completes the request once
     with its own stamps and counts the duplicate. vLLM's D completes on the stray
     (decoding would start on blocks that do not hold the request's KV, and the late
-    WRITE lands in blocks already freed) and raises on the garbage."""
+    WRITE lands in blocks already freed) and raises on the garbage.
+
+    A plugin try whose WRITE was let go too close to the deadline
+    (:data:`WIRE_MARGIN_S`) is checked for one clean decision only, and the scenario
+    goes again, up to :data:`WIRE_TRIES` times."""
+    for _ in range(WIRE_TRIES if fleet == "plugin" else 1):
+        if _stray_and_garbage(engines, fleet):
+            return
+    pytest.fail(f"no try let the held WRITE go {WIRE_MARGIN_S} s before the deadline")
+
+
+def _stray_and_garbage(engines: Engines, fleet: str) -> bool:
+    """One try of :func:`test_duplicate_stray_and_garbage_notices`; ``False`` when it
+    could not be judged on its completion."""
     run = Run(engines, "wire", *FLEETS[fleet])
     i = _index()
     rid = f"wire-{fleet}-{i}"
     run.rids.append(rid)
     run.P.call("fault", hold=[rid])
+    registered = time.monotonic()
     run.D.call("recv", rid=rid, index=i, n_blocks=N_BLOCKS, p_engine=run.P.engine_id, p_port=run.P.port)
     run.P.call("send", rid=rid, index=i, n_blocks=N_BLOCKS)
     # P has D's registration once the writer thread waits on the hold.
@@ -412,9 +435,16 @@ def test_duplicate_stray_and_garbage_notices(engines: Engines, fleet: str) -> No
     run.P.send_raw(d_agent, b"no-colon-at-all")
     run.until(lambda: False, 0.5)
     run.P.call("fault", hold=[])
+    margin_s = registered + DEADLINE_MS / 1000 - time.monotonic()
     if fleet == "plugin":
         assert early == "waiting", "a stray agent's notice completed the request"
-        assert run.until(lambda: run.state(rid) == "completed")
+        assert run.until(resolved(run, rid))
+        if run.state(rid) != "completed":
+            line = run.finish(state_after_stray=early, margin_s=round(margin_s, 2), judged=False)
+            assert margin_s < WIRE_MARGIN_S, line  # with time to land, it must complete
+            assert line.told[rid] == ["invalid_blocks", "failed_recving"], line
+            assert line.violations == [] and line.told_once, line
+            return False
         run.P.send_raw(d_agent, f"{rid}:1".encode())
 
         def repeats() -> int:
@@ -423,7 +453,7 @@ def test_duplicate_stray_and_garbage_notices(engines: Engines, fleet: str) -> No
 
         # Waited for, not slept on: a loaded host may take longer than any fixed pause.
         assert run.until(lambda: repeats() >= 1)
-        line = run.finish(state_after_stray=early)
+        line = run.finish(state_after_stray=early, margin_s=round(margin_s, 2), judged=True)
         assert line.told[rid] == ["finished_recving"] and line.told_once
         assert line.violations == [] and line.engine_errors == []
         c = run.d().counters
@@ -444,6 +474,7 @@ def test_duplicate_stray_and_garbage_notices(engines: Engines, fleet: str) -> No
         assert any("when decoding would start" in v for v in line.violations)
         assert any("held stamps of request" in v for v in line.violations)
         assert line.engine_errors, "vLLM's D raises on garbage bytes"
+    return True
 
 
 def test_mixed_plain_p_plugin_d(engines: Engines) -> None:
