@@ -484,22 +484,25 @@ class DecodeSide:
             vllm.failed.put(rid)
         for blocks in report.invalid:
             vllm.invalid.put(blocks)
-        stats = vllm.stats
-        for _ in range(report.failed):
-            stats.record_failed_transfer()
-        for _ in range(report.expired):
-            stats.record_kv_expired_req()
-        for _ in range(report.after_expiry):
-            stats.record_notification_after_expiry()
-        if report.counts:
-            stats.record_counts(report)
+        if report.counts or report.failed or report.expired or report.after_expiry:
+            stats = vllm.stats
+            for _ in range(report.failed):
+                stats.record_failed_transfer()
+            for _ in range(report.expired):
+                stats.record_kv_expired_req()
+            for _ in range(report.after_expiry):
+                stats.record_notification_after_expiry()
+            if report.counts:
+                stats.record_counts(report)
         out = results()
-        for rid in out.failed_recving - late:
-            if self.vllm_failed(rid):
-                out.finished_recving.discard(rid)
-                out.failed_recving.discard(rid)
-        out.finished_recving |= late
-        out.failed_recving |= late
+        if out.failed_recving:
+            for rid in out.failed_recving - late:
+                if self.vllm_failed(rid):
+                    out.finished_recving.discard(rid)
+                    out.failed_recving.discard(rid)
+        if late:
+            out.finished_recving |= late
+            out.failed_recving |= late
         return out
 
     def close(self) -> None:

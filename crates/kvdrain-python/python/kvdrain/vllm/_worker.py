@@ -64,6 +64,15 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         for key, values in self.xfer_stats.data.items():
             stats.data[key].extend(values)
         self.xfer_stats = stats
+        # vLLM binds each of these once, in its constructor (0.33, 0.34), and changes
+        # them in place; the gate checks that each is there.
+        self._kvdrain_vllm = VllmReceives(
+            pending=self._recving_metadata,
+            done=self._recving_transfers,
+            failed=self._failed_recv_reqs,
+            invalid=self._invalid_block_ids,
+            stats=stats,
+        )
         agent = self.nixl_wrapper
         if isinstance(agent, NixlTap):
             agent = agent.agent  # attached again: a new tap over the same agent
@@ -94,7 +103,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         # Continues a report no get_transfer_results has told yet, if any.
         report = decode.catch_up(self._kvdrain_report)
         refused: set[str] = set()  # no PUSH_REG for these (refused or held, not tracked)
-        if not (self.pcp_rank > 0 and not self.pcp_dcp_sharded):
+        if metadata.reqs_to_recv and not (self.pcp_rank > 0 and not self.pcp_dcp_sharded):
             # Registered before vLLM queues the PUSH_REG: no notice can precede its request.
             agents: dict[str, dict[tuple[int, int], Any]] = {}  # per producer engine
             for rid, meta in metadata.reqs_to_recv.items():
@@ -154,14 +163,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             self.tp_rank, *decode.gauges(), oldest_call_s=watch.oldest_s()
         )
         self.xfer_stats.record_nixl_stalls(watch.take_stalls())
-        vllm_receives = VllmReceives(
-            pending=self._recving_metadata,
-            done=self._recving_transfers,
-            failed=self._failed_recv_reqs,
-            invalid=self._invalid_block_ids,
-            stats=self.xfer_stats,
-        )
-        results = decode.tell(report, vllm_receives, super().get_transfer_results)
+        results = decode.tell(report, self._kvdrain_vllm, super().get_transfer_results)
         self.kvdrain_prefill.release_sources(results.finished_sending)
         self._kvdrain_send(self.kvdrain_prefill.take_owed())
         return results
