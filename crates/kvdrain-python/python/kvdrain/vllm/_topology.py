@@ -25,7 +25,8 @@ def agent_name(agent: str | bytes) -> str:
 
 def block_groups(block_ids: object) -> list[list[int]]:
     """``BlockIds`` (one list per KV cache group, or one flat list) as lists of ints."""
-    if not block_ids or not isinstance(block_ids, Sequence):
+    # list and tuple first: an ABC's isinstance is the slowest step of a registration.
+    if not block_ids or not isinstance(block_ids, (list, tuple, Sequence)):
         return []
     if isinstance(block_ids[0], int):
         return [list(block_ids)]

@@ -106,10 +106,20 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         if metadata.reqs_to_recv and not (self.pcp_rank > 0 and not self.pcp_dcp_sharded):
             # Registered before vLLM queues the PUSH_REG: no notice can precede its request.
             agents: dict[str, dict[tuple[int, int], Any]] = {}  # per producer engine
+            expects: dict[tuple[str | None, int, int], int | list[str]] = {}
             for rid, meta in metadata.reqs_to_recv.items():
                 groups = block_groups(meta.local_block_ids)
                 if any(groups):
-                    expect = self._kvdrain_expect(meta, agents)
+                    # One expectation per producer engine and layout in a step: the
+                    # same agents, so the same edges.
+                    key = (
+                        None if meta.remote is None else meta.remote.engine_id,
+                        meta.tp_size,
+                        meta.pp_size,
+                    )
+                    expect = expects.get(key)
+                    if expect is None:
+                        expect = expects[key] = self._kvdrain_expect(meta, agents)
                     remote = meta.remote
                     producer = None if remote is None else (remote.engine_id, remote.request_id)
                     done = decode.register(rid, groups, expect, report, producer)
