@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,6 +24,7 @@ from kvdrain.vllm._nixl_watch import (
     STACK_TOOLS,
     TOOL_TIMEOUT_S,
     CallWatch,
+    _Watchdog,
     thread_stacks,
 )
 from kvdrain.vllm._prefill import PrefillSide
@@ -211,6 +213,36 @@ def test_calls_through_getattr_are_timed_too(log: pytest.LogCaptureFixture) -> N
     agent.release.set()
     t.join(WAIT_S)
     assert tap.watch.take_stalls() == 1
+
+
+def test_a_call_from_a_finalizer_on_the_watchdog_thread_does_not_deadlock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM's worker shuts its NIXL agent down in ``__del__``, so the garbage collector
+    can make a NIXL call on any thread, the watchdog's included, while the watchdog
+    copies its watches under its lock. Seen in a clean-clone run: the watchdog's first
+    timed call went back for that lock and both it and the engine thread waited for
+    ever. Here the copy makes the call, as the collector did; the call returns, untimed,
+    and the watchdog goes on."""
+    agent = HeldAgent()
+    tap = tap_over(agent)
+    made = threading.Event()
+
+    class Collecting(weakref.WeakSet[CallWatch]):
+        def __iter__(self) -> Iterator[CallWatch]:
+            if threading.current_thread() is _Watchdog._thread and not made.is_set():
+                tap.remove_remote_agent("P0")  # a finalizer, under the watchdog's lock
+                made.set()
+            return super().__iter__()
+
+    monkeypatch.setattr(_Watchdog, "_watches", Collecting(_Watchdog._watches))
+    tap.send_notif("P0", notif_msg=b"x")  # starts (or wakes) the watchdog
+    assert made.wait(10.0), "the watchdog never took its watches"
+    assert agent.calls.count("remove_remote_agent") == 1
+    # Neither thread waits on the watchdog's lock: another thread's first call returns.
+    t = held(tap, lambda: tap.get_new_notifs(), "writer")
+    t.join(10.0)
+    assert not t.is_alive()
 
 
 def test_a_method_replaced_on_the_agent_is_the_one_called() -> None:

@@ -128,7 +128,10 @@ class CallWatch:
             try:
                 slot = local.slot
             except AttributeError:
-                slot = self._new_slot()
+                new = self._new_slot()
+                if new is None:
+                    return getattr(agent, name)(*args, **kwargs)
+                slot = new
             outer = slot[0]
             slot[0] = (clock_ns(), name, args, kwargs)
             try:
@@ -242,9 +245,15 @@ class CallWatch:
             entry = self._slots.get(ident)
         return "?" if entry is None else entry[0]
 
-    def _new_slot(self) -> list[Call | None]:
-        slot: list[Call | None] = [None]
+    def _new_slot(self) -> list[Call | None] | None:
+        """This thread's slot, made on its first call; ``None`` on the watchdog's own
+        thread. A call there comes from a finalizer the garbage collector ran on it
+        (vLLM's worker shuts its NIXL agent down in ``__del__``), possibly while the
+        watchdog holds its lock, and the watchdog cannot watch itself: it is not timed."""
         me = threading.current_thread()
+        if me is _Watchdog._thread:
+            return None
+        slot: list[Call | None] = [None]
         ident = threading.get_ident()
         with self._slots_lock:
             # A thread that ended leaves its slot; prune those whose ident is not alive.
@@ -275,7 +284,9 @@ class _Watchdog:
     started by the first watch that times a call; it polls at a quarter of the
     smallest bound, between 10 ms and 1 s."""
 
-    _lock = threading.Lock()
+    # Reentrant: a finalizer the garbage collector runs while a thread holds it may make
+    # a NIXL call, whose first timed call on that thread comes back to watch().
+    _lock = threading.RLock()
     _watches: weakref.WeakSet[CallWatch] = weakref.WeakSet()
     _thread: threading.Thread | None = None
     _wake = threading.Event()
@@ -311,7 +322,7 @@ class _Watchdog:
     def _after_fork(cls) -> None:
         """A forked child has only the thread that forked: fresh locks (one another
         thread held stays held), only that thread's slot, and a watchdog of its own."""
-        cls._lock = threading.Lock()
+        cls._lock = threading.RLock()
         cls._thread = None
         watches = list(cls._watches)
         for w in watches:
