@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 FINAL = ("finished_recving", "failed_recving")
 """What a receive may be told only once: finished (completed or failed)."""
@@ -99,6 +99,19 @@ class SchedulerReport:
                 if n != before.counters.get(k, 0)
             },
         )
+
+
+class Reporting(Protocol):
+    """An engine the test drives (``e2e.EngineProc``, ``topo.Engine``)."""
+
+    def call(self, op: str, timeout_s: float = 60.0, **kw: Any) -> Any: ...
+
+
+def report_of(
+    engine: Reporting, *, final: bool = False, rids: list[str] | None = None
+) -> SchedulerReport:
+    """``engine``'s scheduler report, typed (of ``rids`` only, when given)."""
+    return SchedulerReport.parse(engine.call("report", final=final, rids=rids))
 
 
 @dataclass(frozen=True, slots=True)

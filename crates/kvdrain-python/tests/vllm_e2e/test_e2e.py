@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from e2e import EngineProc, run_until
-from report import ScenarioLine, SchedulerReport, line_json, told_once
+from report import ScenarioLine, SchedulerReport, line_json, report_of, told_once
 
 ROOT = Path(__file__).resolve().parents[4]
 REPORT = Path(os.environ.get("KVDRAIN_E2E_REPORT", ROOT / "target" / "vllm-e2e" / "report.jsonl"))
@@ -236,11 +236,6 @@ class Run:
         )
         _write_line(line_json(line))
         return line
-
-
-def report_of(engine: EngineProc, *, final: bool = False) -> SchedulerReport:
-    """``engine``'s scheduler report, typed."""
-    return SchedulerReport.parse(engine.call("report", final=final))
 
 
 def resolved(run: Run, rid: str) -> Any:

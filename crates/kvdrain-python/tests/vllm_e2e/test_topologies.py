@@ -45,7 +45,7 @@ from typing import Any
 import pytest
 
 from e2e import run_until
-from report import SchedulerReport, TopologyLine, line_json, told_once
+from report import SchedulerReport, TopologyLine, line_json, report_of, told_once
 from topo import SUMMARY, Engine, Host
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -186,11 +186,6 @@ def _write_line(text: str) -> None:
         out.write(text + "\n")
 
 
-def report_of(
-    group: Engine, *, final: bool = False, rids: list[str] | None = None
-) -> SchedulerReport:
-    """``group``'s scheduler report (rank 0's), typed; of ``rids`` only, when given."""
-    return SchedulerReport.parse(group.call("report", final=final, rids=rids))
 
 
 class Run:
