@@ -110,17 +110,14 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             for rid, meta in metadata.reqs_to_recv.items():
                 groups = block_groups(meta.local_block_ids)
                 if any(groups):
+                    remote = meta.remote
+                    engine = None if remote is None else remote.engine_id
                     # One expectation per producer engine and layout in a step: the
                     # same agents, so the same edges.
-                    key = (
-                        None if meta.remote is None else meta.remote.engine_id,
-                        meta.tp_size,
-                        meta.pp_size,
-                    )
+                    key = (engine, meta.tp_size, meta.pp_size)
                     expect = expects.get(key)
                     if expect is None:
                         expect = expects[key] = self._kvdrain_expect(meta, agents)
-                    remote = meta.remote
                     producer = None if remote is None else (remote.engine_id, remote.request_id)
                     done = decode.register(rid, groups, expect, report, producer)
                     if done in ("refused", "held"):
