@@ -39,6 +39,11 @@ from vllm.config import (  # noqa: E402
     SchedulerConfig,
     VllmConfig,
 )
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+    KVConnectorBase_V1,
+    KVConnectorRole,
+)
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheConfig,
@@ -59,6 +64,38 @@ CONNECTORS: dict[str, tuple[str, str | None]] = {
 }
 """``kv_connector`` and ``kv_connector_module_path`` of the plugin and of vLLM's own
 push connector (the negative control)."""
+
+CONTROL_NIXL_SYNC = "strict"
+"""NIXL's thread sync for the end-to-end suites' control engines, as the plugin's default.
+
+vLLM builds its agent with none, and on a 2-core host one control step in about twelve
+clean-clone runs then sat 60 s in ``send_notif`` while the handshake thread held UCX's
+worker lock (``docs/limits.md``); UCX's mutex in place of its spinlock did not end it.
+The control is there to show vLLM's *protocol* failures beside the plugin's decisions,
+so it gets the one change the plugin makes to vLLM's agent, and nothing else of the
+plugin's. Its thread hazard, unsynchronized, is ``make test-nixl-threads``'s to show."""
+
+
+def worker_connector(
+    cfg: VllmConfig, which: str, kv_cache_config: KVCacheConfig
+) -> KVConnectorBase_V1:
+    """The worker side of ``which``'s connector, as vLLM's factory builds it. The
+    control's agent is built with :data:`CONTROL_NIXL_SYNC`, through the plugin's own
+    :func:`~kvdrain.vllm._nixl_sync.agent_sync`; the plugin sets its mode itself."""
+    if which != CONTROL:
+        return KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, kv_cache_config)
+    # Imported here, not with the rest: NIXL's logger takes sys.stdout when it is first
+    # imported, and an engine process makes stdout its channel to the test only after
+    # importing this module (it points sys.stdout at stderr first).
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
+
+    from kvdrain.vllm._nixl_sync import agent_sync
+
+    with agent_sync(base_worker, CONTROL_NIXL_SYNC) as built:
+        conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, kv_cache_config)
+    if not built:
+        raise RuntimeError("vLLM built its control agent without nixl_agent_config")
+    return conn
 
 
 def model_dir(root: Path) -> str:

@@ -34,18 +34,6 @@ TRANSPORTS: dict[str, dict[str, str]] = {
     "shm": {},
 }
 
-CONTROL_UCX: dict[str, str] = {"UCX_USE_MT_MUTEX": "y"}
-"""UCX's worker lock as a mutex, in the two-engine suite's control engines (vLLM's own
-connector) only. Their agents run as vLLM builds them, with no thread sync, and then an
-engine step can spin in ``send_notif`` on UCX's spinlock while the handshake thread
-holds it (``docs/limits.md``): on this suite's 2-core host that left a control engine's
-step unanswered for 60 s in 1 clean-clone run of 12, failing the scenario and the two
-mixed fleets after it. The control is here to show vLLM's protocol failures beside the
-plugin's decisions; its thread hazard is ``make test-nixl-threads``'s to show. With a
-mutex a waiter sleeps and the holder runs, which is the operator advice in
-``docs/limits.md``. The plugin's engines keep UCX's default: with their agents in
-``strict`` they ran green in every run of the 10-run series."""
-
 
 def free_port() -> int:
     """A loopback TCP port that is free now, below the kernel's ephemeral range: port 0
@@ -202,8 +190,6 @@ class EngineProc:
         self.port = 0  # the side channel's, chosen by the engine (wait_ready)
         env = {k: v for k, v in os.environ.items() if k not in ("UCX_TLS", "UCX_NET_DEVICES")}
         env.update(TRANSPORTS[transport])
-        if which == "control":
-            env.update(CONTROL_UCX)
         env.update(
             VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
             KVDRAIN_E2E_DIR=str(workdir),

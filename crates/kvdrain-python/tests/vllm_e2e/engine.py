@@ -90,7 +90,7 @@ class Engine(Scheduler):
             )
             initialize_model_parallel(1, 1)
             sched = KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, kvcc)
-            self.conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, kvcc)
+            self.conn = vllm_cpu.worker_connector(cfg, which, kvcc)
         self.worker = self.conn.connector_worker
         self.faults = FaultyNixl(self.worker.nixl_wrapper)
         self.worker.nixl_wrapper = self.faults

@@ -188,7 +188,7 @@ class RankWorker:
                 )
                 initialize_model_parallel(tp, pp)
             self.kvcc = self.kv_cache_config(self.layers)
-            self.conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, self.kvcc)
+            self.conn = vllm_cpu.worker_connector(cfg, which, self.kvcc)
         self.worker = self.conn.connector_worker
         # Wrappers, innermost first: the real agent; the notice log; the faults; the
         # plugin's tap (built around the agent with the plugin's worker). The faults sit
