@@ -12,11 +12,20 @@ import os
 import pathlib
 import subprocess
 import threading
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 from kvdrain.vllm import DecodeReport, DecodeSide, Settings
-from kvdrain.vllm._recorder import escape_notification
+from kvdrain import Decision, Ledger
+from kvdrain.vllm._recorder import (
+    FlightRecorder,
+    RecordingLedger,
+    decision_line,
+    escape_notification,
+    notify_lines,
+)
 
 from conftest import FakeClock
 
@@ -189,6 +198,66 @@ def test_feed_and_steps_from_two_threads_record_a_serial_history(tmp_path: pathl
 def test_escape_keeps_every_byte() -> None:
     assert escape_notification(b"r1:2") == "r1:2"
     assert escape_notification(b"a b\\c\n\r\xff") == "a b\\\\c\\x0a\\x0d\\xff"
+
+
+def test_a_batch_of_notices_is_written_as_each_one_escaped() -> None:
+    """The batch path (one match, one decode) writes what escaping each message does,
+    whatever bytes a sender put in."""
+    head = "notify P0 "
+    batches = [
+        [b"r1:0", b"r2:1", b"PUSH_FAIL:r3:0"],
+        [b""],
+        [b"", b""],
+        [b"a\nb", b"c"],
+        [b"a", b"b\n"],
+        [b"\n"],
+        [b"back\\slash", b"\xff\x00", b"tab\t"],
+    ]
+    for batch in batches:
+        each = "".join(f"{head}{escape_notification(m)}\n" for m in batch)
+        assert notify_lines(head, batch) == each, batch
+        assert notify_lines(head, batch).count("\n") == len(batch), batch
+
+
+def test_a_decision_line_is_the_json_replay_prints() -> None:
+    """Built without a dict, the line is ``json.dumps``'s, keys in replay's order."""
+    rids: list[object] = ["r1", 'q"uote', "back\\slash", "caf\u00e9", "ctl\x01", 7]
+    cases: list[tuple[str, dict[str, object]]] = [
+        ("completed", {}),
+        ("failed", {}),
+        ("aborted", {"outstanding": 3}),
+        ("expired", {"outstanding": ["P0", "P\u00e9"]}),
+        ("expired", {"outstanding": None}),
+        ("released", {"forced": True}),
+        ("released", {"forced": False}),
+    ]
+    for rid in rids:
+        for kind, extra in cases:
+            fields = {"outstanding": None, "forced": False, **extra}
+            d = SimpleNamespace(at_ms=1234, kind=kind, request_id=rid, **fields)
+            want = {"at": 1234, "event": kind, "req": rid, **extra}
+            line = decision_line(cast(Decision, d))
+            assert line == json.dumps(want, separators=(",", ":"), ensure_ascii=False)
+
+
+def test_the_split_pull_writes_what_the_full_pull_does(tmp_path: pathlib.Path) -> None:
+    """``poll_split`` writes its completed requests from their ids, at the clock: the
+    same lines ``poll`` writes from their decisions."""
+    written: list[list[str]] = []
+    for pull in ("poll", "poll_split"):
+        ledger = Ledger(capacity=8, deadline_ms=1_000, quarantine_ms=3_000, settle_ms=200)
+        path = tmp_path / f"{pull}.trace"
+        rec = RecordingLedger(ledger, FlightRecorder(path, RecordingLedger.config_line(ledger)))
+        rec.advance(1_234)
+        for rid in ("a", 'q"', "caf\u00e9", "f"):
+            rec.register(rid, ([1],), ["P0"])
+        rec.feed({"P0": [b"a:1", b'q":1', "caf\u00e9:1".encode(), b"PUSH_FAIL:f:1"]})
+        getattr(rec, pull)()
+        rec.close()
+        written.append(sorted(x for x in path.read_text().splitlines() if x.startswith("# => ")))
+    assert written[0] == written[1]
+    assert '# => {"at":1234,"event":"completed","req":"q\\""}' in written[1]
+    assert len(written[1]) == 4
 
 
 def test_recording_is_off_by_default() -> None:

@@ -18,12 +18,13 @@ a decision taken       ``# => {"at":..,"event":..,"req":..}``: a comment ``repla
 Every call is applied and written under one lock, so the trace is a serial history the
 live ledger really went through, and replaying it takes the same decisions, each at the
 same time. Only what changed the ledger is written: a registration it refused changed
-nothing and is left out. Decisions are pulled in order (``poll``, not ``poll_split``),
-and the ones a notice made ready are pulled before each clock move, at the clock they were
-taken at. The engine takes them in the same step either way, so recording changes nothing
-vLLM is told. Across requests, the order of two decisions taken at the same time may
-differ from the replay's (a live engine pulls a notice's decision at its next step, the
-replay at once); each request's decisions, and their times, are the same.
+nothing and is left out. The decisions a notice made ready are pulled before each clock
+move, at the clock they were taken at (one pull's are all taken at one time, so
+``poll_split``'s completed requests are written from their ids, before the pull's other
+decisions). The engine takes them in the same step either way, so recording changes
+nothing vLLM is told. Across requests, the order of two decisions taken at the same time
+may differ from the replay's (a live engine pulls a notice's decision at its next step,
+the replay at once); each request's decisions, and their times, are the same.
 
 The file is rotated when it passes ``kvdrain_record_max_bytes`` (default 64 MiB). It
 becomes ``.1``, an older ``.1`` becomes ``.2``, and so on, up to
@@ -42,6 +43,7 @@ import os
 import re
 import threading
 from collections.abc import Iterable, Mapping
+from json.encoder import encode_basestring
 from pathlib import Path
 from typing import IO, cast
 
@@ -58,6 +60,7 @@ MAX_NAME = 256
 _WORD = re.compile(r"\S+")
 _SINGLE = (bytes, bytearray, memoryview, str)
 _PLAIN = re.compile(rb"[\x20-\x5b\x5d-\x7e]*")
+_PLAIN_LINES = re.compile(rb"[\x20-\x5b\x5d-\x7e\n]*")
 
 
 def escape_notification(message: bytes) -> str:
@@ -81,14 +84,32 @@ def _word(name: str) -> bool:
     return _WORD.fullmatch(name) is not None and len(name.encode()) <= MAX_NAME
 
 
+def _json_string(rid: object) -> str:
+    return encode_basestring(rid) if isinstance(rid, str) else json.dumps(rid, ensure_ascii=False)
+
+
 def decision_line(d: Decision) -> str:
-    """``d`` as ``kvdrain replay`` prints it (keys in its order)."""
-    line: dict[str, object] = {"at": d.at_ms, "event": d.kind, "req": d.request_id}
-    if d.kind in ("aborted", "expired"):
-        line["outstanding"] = d.outstanding
-    elif d.kind == "released":
-        line["forced"] = d.forced
-    return json.dumps(line, separators=(",", ":"), ensure_ascii=False)
+    """``d`` as ``kvdrain replay`` prints it (keys in its order): the same text as
+    ``json.dumps(..., separators=(",", ":"), ensure_ascii=False)``, built without a
+    dict (one per decision on the recorder's hot path)."""
+    kind = d.kind
+    line = f'{{"at":{d.at_ms},"event":"{kind}","req":{_json_string(d.request_id)}'
+    if kind in ("aborted", "expired"):
+        outstanding = json.dumps(d.outstanding, separators=(",", ":"), ensure_ascii=False)
+        return f'{line},"outstanding":{outstanding}}}'
+    if kind == "released":
+        return f'{line},"forced":{"true" if d.forced else "false"}}}'
+    return line + "}"
+
+
+def notify_lines(head: str, messages: list[bytes]) -> str:
+    """``head`` (``notify AGENT ``) and each message escaped, one line each."""
+    joined = b"\n".join(messages)
+    # Every vLLM notice is printable ASCII: one match, one decode for the batch. A
+    # message holding a line end (more newlines than joins) takes the escaping path.
+    if joined.count(b"\n") == len(messages) - 1 and _PLAIN_LINES.fullmatch(joined):
+        return head + joined.decode("ascii").replace("\n", "\n" + head) + "\n"
+    return "".join(f"{head}{escape_notification(m)}\n" for m in messages)
 
 
 class FlightRecorder:
@@ -189,13 +210,10 @@ class FlightRecorder:
             if not _word(agent):
                 self._skip(f"notices from agent {agent!r}")
                 continue
-            head = f"notify {agent} "
             # The ledger feeds bytes only (the rest it counts as not_bytes).
-            self._write(
-                "".join(
-                    f"{head}{escape_notification(m)}\n" for m in messages if isinstance(m, bytes)
-                )
-            )
+            fed = [m for m in messages if isinstance(m, bytes)]
+            if fed:
+                self._write(notify_lines(f"notify {agent} ", fed))
 
     def command(self, verb: str, name: str) -> None:
         if _word(name):
@@ -203,9 +221,18 @@ class FlightRecorder:
         else:
             self._skip(f"{verb} {name!r}")
 
+    def completed(self, at_ms: int, rids: Iterable[object]) -> None:
+        """The ``completed`` decisions of ``rids``, all taken at ``at_ms``: the lines
+        :meth:`decisions` writes for them, with no ``Decision`` made."""
+        head = f'# => {{"at":{at_ms},"event":"completed","req":'
+        text = "".join(f"{head}{_json_string(rid)}}}\n" for rid in rids)
+        if text:
+            self._write(text)
+
     def decisions(self, decisions: Iterable[Decision]) -> None:
-        for d in decisions:
-            self._write(f"# => {decision_line(d)}\n")
+        text = "".join(f"# => {decision_line(d)}\n" for d in decisions)
+        if text:
+            self._write(text)
 
     def flush(self) -> None:
         if self._file is not None and self._dirty:
@@ -291,9 +318,14 @@ class RecordingLedger:
             return self._ready()
 
     def poll_split(self) -> tuple[list[str], list[Decision]]:
-        decisions = self.poll()
-        completed = [d.request_id for d in decisions if d.kind == "completed"]
-        return completed, [d for d in decisions if d.kind != "completed"]
+        # The hot path records as it feeds: the completed requests' ids, no Decision
+        # made for them. A poll dates every decision it hands out at the clock, which
+        # nothing but this ledger's own calls (under this lock) moves.
+        with self._lock:
+            completed, others = self.inner.poll_split()
+            self.recorder.completed(self.inner.now_ms, completed)
+            self.recorder.decisions(others)
+        return completed, others
 
     # abort and gone do not move the clock: a decision a notice made ready is taken at
     # the same time whether it is pulled before them or after.
