@@ -18,7 +18,7 @@ from typing import cast
 import pytest
 
 from kvdrain.vllm import DecodeReport, DecodeSide, Settings
-from kvdrain import Decision, Ledger
+from kvdrain import Decision, FullError, Ledger
 from kvdrain.vllm._recorder import (
     FlightRecorder,
     RecordingLedger,
@@ -258,6 +258,22 @@ def test_the_split_pull_writes_what_the_full_pull_does(tmp_path: pathlib.Path) -
     assert written[0] == written[1]
     assert '# => {"at":1234,"event":"completed","req":"q\\""}' in written[1]
     assert len(written[1]) == 4
+
+
+def test_a_batch_registration_records_those_before_its_refusal(tmp_path: pathlib.Path) -> None:
+    ledger = Ledger(capacity=2, deadline_ms=1_000, quarantine_ms=3_000, settle_ms=200)
+    path = tmp_path / "many.trace"
+    rec = RecordingLedger(ledger, FlightRecorder(path, RecordingLedger.config_line(ledger)))
+    with pytest.raises(FullError) as refused:
+        rec.register_many(["a", "b", "c", "d"], [None] * 4, ["P0", "P1"])
+    assert refused.value.request_id == "c"
+    rec.register_many([], [], 1)
+    rec.close()
+    lines = path.read_text().splitlines()
+    assert [x for x in lines if x.startswith("register ")] == [
+        "register a edges=P0,P1",
+        "register b edges=P0,P1",
+    ]
 
 
 def test_recording_is_off_by_default() -> None:

@@ -131,3 +131,37 @@ def test_a_receive_vllm_failed_itself_waits_for_the_release() -> None:
     assert step(d, v, report) == Results()  # another rank may have let P write
     clock.advance_ms(SETTINGS.quarantine_ms)
     assert step(d, v) == Results(finished_recving={"r"}, failed_recving={"r"})
+
+
+def test_a_steps_receives_registered_at_once_as_one_by_one() -> None:
+    """``register_many`` past a duplicate and a full table: the same receives tracked,
+    refused (one rank) or held (two), and the same told, as ``register`` one by one."""
+    for world_size in (1, 2):
+        told = []
+        for many in (False, True):
+            clock = FakeClock()
+            d = DecodeSide(Settings(1_000, 3_000, 100, 4), world_size=world_size, clock=clock)
+            v = Vllm()
+            report = d.catch_up()
+            assert d.register("dup", [[9]], 1, report) == "tracked"
+            receives: list[tuple[str, list[list[int]], tuple[str, str] | None]]
+            receives = [(rid, [[i]], ("P", f"p-{rid}")) for i, rid in enumerate("ab")]
+            receives += [("dup", [[8]], None), ("c", [[3]], None), ("d", [[4, 5]], None)]
+            receives += [("e", [[6]], ("P", "p-e"))]
+            if many:
+                refused = d.register_many(receives, 1, report)
+            else:
+                done = {rid: d.register(rid, g, 1, report, p) for rid, g, p in receives}
+                refused = [rid for rid, x in done.items() if x in ("refused", "held")]
+            assert refused == ["d", "e"]  # the table holds four: dup, a, b, c
+            held = [None, None] if world_size == 1 else ["held", "held"]
+            assert [d.phase(r) for r in "abcde"] == ["waiting"] * 3 + held
+            assert d.lifetime_left_ms("a") == d.settings.lifetime_ms
+            assert d.lifetime_left_ms("dup") is None
+            v.pending.update({r: object() for r in "abcde"})
+            d.feed({"P0": [b"a:1", b"dup:1"]})
+            results = [step(d, v, report)]
+            clock.advance_ms(3_000)
+            results.append(step(d, v))
+            told.append((results, v.invalid_blocks(), d.counters()))
+        assert told[0] == told[1]

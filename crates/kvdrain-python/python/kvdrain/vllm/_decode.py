@@ -333,37 +333,71 @@ class DecodeSide:
         last :meth:`catch_up` (the worker catches up at the start of every
         ``start_load_kv``). ``producer``: ``(engine, P request id)`` the receive is
         registered with (see the module's *Producers*)."""
-        try:
-            self.ledger.register(rid, tuple(groups), expect)
-        except DuplicateRequestError:
+        known = rid in self._receives
+        if self.register_many([(rid, groups, producer)], expect, report):
+            return "refused" if self.world_size == 1 else "held"
+        return "tracked" if not known and rid in self._receives else "duplicate"
+
+    def register_many(
+        self,
+        receives: list[tuple[str, list[list[int]], tuple[str, str] | None]],
+        expect: int | list[str],
+        report: DecodeReport,
+    ) -> list[str]:
+        """:meth:`register` of each ``(rid, groups, producer)`` in ``receives``, all
+        with ``expect`` (a step's receives from one producer engine), in one call into
+        the ledger until one is refused. Returns the ids refused or held, in order: no
+        ``PUSH_REG`` may leave for those."""
+        rids = [r[0] for r in receives]
+        blocks = [r[1] for r in receives]  # the plugin's own lists, held as they are
+        lifetime_end = self._now + self.settings.lifetime_ms
+        refused: list[str] = []
+        start = 0
+        while start < len(receives):
+            try:
+                self.ledger.register_many(rids[start:], blocks[start:], expect)
+                stop, error = len(receives), None
+            except KvdrainError as e:
+                # The ledger registers in order up to the refused one, which its error
+                # names (every refusal of register_many does).
+                named = getattr(e, "request_id", None)
+                if named not in rids[start:]:
+                    raise
+                stop, error = rids.index(named, start), e
+            self._track_waiting(receives[start:stop], lifetime_end)
+            if error is not None:
+                rid, groups, _ = receives[stop]
+                if self._refused(rid, groups, error, report) != "duplicate":
+                    refused.append(rid)
+            start = stop + 1
+        return refused
+
+    def _refused(
+        self, rid: str, groups: list[list[int]], e: KvdrainError, report: DecodeReport
+    ) -> Registered:
+        if isinstance(e, DuplicateRequestError):
             return "duplicate"
-        except KvdrainError as e:
-            if self.world_size == 1:
-                logger.error("kvdrain: receive of %s refused (%s); failing it", rid, e)
-                report.count("decisions_refused")
-                report.refused.append(rid)
-                self._story(rid, None, {"outcome": "refused", "cause": str(e), "at_ms": self._now})
-                return "refused"
-            logger.error(
-                "kvdrain: receive of %s refused (%s); failing it, its blocks held for the "
-                "quarantine (%d ms): another rank may have let the producers write",
-                rid,
-                e,
-                self.settings.quarantine_ms,
-            )
+        if self.world_size == 1:
+            logger.error("kvdrain: receive of %s refused (%s); failing it", rid, e)
             report.count("decisions_refused")
-            # The ledger refused it, so the ledger cannot time its hold: this side does.
-            rec = self._track(rid, "held", groups)
-            rec.outcome = {"outcome": "refused", "cause": str(e), "decided_ms": self._now}
-            rec.refused_groups = groups
-            self._refused_held.append(rid)
-            self._report_invalid(rid, groups, report)
-            return "held"
-        rec = self._track(rid, "waiting", groups)
-        if producer is not None:
-            rec.producer = producer
-            rec.lifetime_end_ms = self._now + self.settings.lifetime_ms
-        return "tracked"
+            report.refused.append(rid)
+            self._story(rid, None, {"outcome": "refused", "cause": str(e), "at_ms": self._now})
+            return "refused"
+        logger.error(
+            "kvdrain: receive of %s refused (%s); failing it, its blocks held for the "
+            "quarantine (%d ms): another rank may have let the producers write",
+            rid,
+            e,
+            self.settings.quarantine_ms,
+        )
+        report.count("decisions_refused")
+        # The ledger refused it, so the ledger cannot time its hold: this side does.
+        rec = self._track_held(rid, groups)
+        rec.outcome = {"outcome": "refused", "cause": str(e), "decided_ms": self._now}
+        rec.refused_groups = groups
+        self._refused_held.append(rid)
+        self._report_invalid(rid, groups, report)
+        return "held"
 
     def lifetime_left_ms(self, rid: str) -> int | None:
         """What is left of the lifetime of ``rid``'s registration, for the ``PUSH_REG``
@@ -649,13 +683,22 @@ class DecodeSide:
             self._released_blocks.update(groups[0])
         report.released.append(rid)
 
-    def _track(self, rid: str, phase: Phase, groups: list[list[int]]) -> _Receive:
-        rec = _Receive(phase, sum(len(g) for g in groups), self._now)
+    def _track_waiting(
+        self, receives: list[tuple[str, list[list[int]], tuple[str, str] | None]], lifetime_end: int
+    ) -> None:
+        """Tracks receives the ledger registered: they wait (no gauge moves)."""
+        tracked, waiting, now = self._receives, self._waiting, self._now
+        for rid, groups, producer in receives:
+            blocks = len(groups[0]) if len(groups) == 1 else sum(len(g) for g in groups)
+            end = None if producer is None else lifetime_end
+            tracked[rid] = _Receive("waiting", blocks, now, producer, end)
+            waiting[rid] = None
+
+    def _track_held(self, rid: str, groups: list[list[int]]) -> _Receive:
+        """Tracks a receive the ledger refused, held for the quarantine."""
+        rec = _Receive("held", sum(len(g) for g in groups), self._now)
         self._receives[rid] = rec
-        if phase == "waiting":
-            self._waiting[rid] = None
-        else:
-            self._held_blocks += rec.blocks
+        self._held_blocks += rec.blocks
         return rec
 
     def _set_phase(self, rid: str, phase: Phase | None) -> None:

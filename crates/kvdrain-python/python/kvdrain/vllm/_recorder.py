@@ -42,11 +42,12 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from json.encoder import encode_basestring
 from pathlib import Path
 from typing import IO, cast
 
+from kvdrain._errors import KvdrainError
 from kvdrain._kvdrain import Decision, Ledger
 
 __all__ = ["FlightRecorder", "RecordingLedger", "escape_notification"]
@@ -191,16 +192,21 @@ class FlightRecorder:
             if decided:
                 self._write("")
 
-    def register(self, rid: str, expect: int | list[str]) -> None:
+    def register(self, rids: Iterable[str], expect: int | list[str]) -> None:
+        """``register`` lines for ``rids``, registered with ``expect``."""
         if isinstance(expect, int):
-            ok, spec = _word(rid), f"expect={expect}"
+            ok, spec = True, f"expect={expect}"
         else:
-            ok = _word(rid) and all(_word(a) and "," not in a for a in expect)
+            ok = all(_word(a) and "," not in a for a in expect)
             spec = "edges=" + ",".join(expect)
-        if not ok:
-            self._skip(f"register of {rid!r}")
-            return
-        self._write(f"register {rid} {spec}\n")
+        lines = []
+        for rid in rids:
+            if ok and _word(rid):
+                lines.append(f"register {rid} {spec}\n")
+            else:
+                self._skip(f"register of {rid!r}")
+        if lines:
+            self._write("".join(lines))
 
     def feed(self, batch: Mapping[str, Iterable[object]], arrival: int | None) -> None:
         if arrival is not None and (self.arrival is None or arrival > self.arrival):
@@ -296,7 +302,22 @@ class RecordingLedger:
         spec: int | list[str] = expect if isinstance(expect, int) else list(expect)
         with self._lock:
             self.inner.register(request_id, blocks, spec)
-            self.recorder.register(request_id, spec)
+            self.recorder.register((request_id,), spec)
+
+    def register_many(
+        self, request_ids: list[str], blocks: Sequence[object], expect: int | Iterable[str]
+    ) -> None:
+        spec: int | list[str] = expect if isinstance(expect, int) else list(expect)
+        with self._lock:
+            try:
+                self.inner.register_many(request_ids, blocks, spec)
+            except KvdrainError as e:
+                # Those before the refused one, which the error names, are registered.
+                named = getattr(e, "request_id", None)
+                done = request_ids.index(named) if named in request_ids else 0
+                self.recorder.register(request_ids[:done], spec)
+                raise
+            self.recorder.register(request_ids, spec)
 
     def _ready(self) -> list[Decision]:
         """The decisions notices made ready, pulled at the clock they were taken at."""

@@ -106,22 +106,24 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         if metadata.reqs_to_recv and not (self.pcp_rank > 0 and not self.pcp_dcp_sharded):
             # Registered before vLLM queues the PUSH_REG: no notice can precede its request.
             agents: dict[str, dict[tuple[int, int], Any]] = {}  # per producer engine
-            expects: dict[tuple[str | None, int, int], int | list[str]] = {}
+            # One expectation per producer engine and layout in a step (the same agents,
+            # so the same edges), and one registration of all its receives.
+            batches: dict[tuple[str | None, int, int], tuple[int | list[str], list[Any]]] = {}
             for rid, meta in metadata.reqs_to_recv.items():
                 groups = block_groups(meta.local_block_ids)
                 if any(groups):
                     remote = meta.remote
-                    engine = None if remote is None else remote.engine_id
-                    # One expectation per producer engine and layout in a step: the
-                    # same agents, so the same edges.
-                    key = (engine, meta.tp_size, meta.pp_size)
-                    expect = expects.get(key)
-                    if expect is None:
-                        expect = expects[key] = self._kvdrain_expect(meta, agents)
-                    producer = None if remote is None else (remote.engine_id, remote.request_id)
-                    done = decode.register(rid, groups, expect, report, producer)
-                    if done in ("refused", "held"):
-                        refused.add(rid)
+                    if remote is None:
+                        key, producer = (None, meta.tp_size, meta.pp_size), None
+                    else:
+                        key = (remote.engine_id, meta.tp_size, meta.pp_size)
+                        producer = (remote.engine_id, remote.request_id)
+                    batch = batches.get(key)
+                    if batch is None:
+                        batch = batches[key] = (self._kvdrain_expect(meta, agents), [])
+                    batch[1].append((rid, groups, producer))
+            for expect, receives in batches.values():
+                refused.update(decode.register_many(receives, expect, report))
         if refused and metadata.push_registrations:
             # A refused receive sends no PUSH_REG: this rank asks nobody to write into it.
             metadata = copy.copy(metadata)  # vLLM's own object stays as it built it
