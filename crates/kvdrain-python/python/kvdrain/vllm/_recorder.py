@@ -344,8 +344,10 @@ class RecordingLedger:
         # nothing but this ledger's own calls (under this lock) moves.
         with self._lock:
             completed, others = self.inner.poll_split()
-            self.recorder.completed(self.inner.now_ms, completed)
-            self.recorder.decisions(others)
+            if completed:  # an idle step writes nothing
+                self.recorder.completed(self.inner.now_ms, completed)
+            if others:
+                self.recorder.decisions(others)
         return completed, others
 
     # abort and gone do not move the clock: a decision a notice made ready is taken at
