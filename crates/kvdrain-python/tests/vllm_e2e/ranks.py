@@ -206,15 +206,14 @@ class RankWorker:
         self.expects: dict[str, Any] = {}
         decode = getattr(self.worker, "kvdrain_decode", None)
         if decode is not None:
-            register = decode.register
+            register_many = decode.register_many
 
-            def recording_register(
-                rid: str, groups: Any, expect: Any, report: Any, *rest: Any
-            ) -> Any:
-                self.expects[rid] = expect
-                return register(rid, groups, expect, report, *rest)
+            def recording_register_many(receives: Any, expect: Any, report: Any) -> Any:
+                for rid, _, _ in receives:
+                    self.expects[rid] = expect
+                return register_many(receives, expect, report)
 
-            decode.register = recording_register
+            decode.register_many = recording_register_many
         shape = (
             (NUM_BLOCKS, MLA_BLOCK_SIZE, MLA_LATENT)
             if mla
