@@ -551,8 +551,12 @@ def test_producer_killed_mid_write(engines: Engines, fleet: str) -> None:
             assert line.decided_by == ["gone"] and line.gone_edges == 1, line
         else:
             assert line.decided_by in (["gone"], ["deadline"], ["deadline", "gone"]), line
-        # Released after settling (the engines' steps add their pace to the bound).
-        assert line.extra["released_s"] - line.extra["decision_s"] >= SETTLE_MS / 1000 - 0.05
+        # Released after settling (the engines' steps add their pace to the bound). Told
+        # times are the harness's steps, and none runs while it waits for P to be
+        # reaped: a reap past the deadline (18.8 s once) finds the expiry and its release
+        # due together, told in one step.
+        gap = line.extra["released_s"] - line.extra["decision_s"]
+        assert gap >= (SETTLE_MS / 1000 - 0.05 if judged else 0), line
         assert line.violations == [] and line.told_once
     else:
         assert not run.until(lambda: bool(run.told(rid)), HANG_S)
