@@ -62,7 +62,7 @@ from kvdrain._errors import (
 )
 from kvdrain._kvdrain import Decision, Ledger, Record
 from kvdrain.vllm._clock import RankClock
-from kvdrain.vllm._recorder import FlightRecorder, RecordingLedger
+from kvdrain.vllm._recorder import FlightRecorder, RecordingLedger, refused_at
 from kvdrain.vllm._settings import Settings
 from kvdrain.vllm._topology import block_groups
 
@@ -358,12 +358,7 @@ class DecodeSide:
                 self.ledger.register_many(rids[start:], blocks[start:], expect)
                 stop, error = len(receives), None
             except KvdrainError as e:
-                # The ledger registers in order up to the refused one, which its error
-                # names (every refusal of register_many does).
-                named = getattr(e, "request_id", None)
-                if named not in rids[start:]:
-                    raise
-                stop, error = rids.index(named, start), e
+                stop, error = refused_at(rids, e, start), e
             self._track_waiting(receives[start:stop], lifetime_end)
             if error is not None:
                 rid, groups, _ = receives[stop]

@@ -85,6 +85,16 @@ def _word(name: str) -> bool:
     return _WORD.fullmatch(name) is not None and len(name.encode()) <= MAX_NAME
 
 
+def refused_at(request_ids: list[str], error: KvdrainError, start: int = 0) -> int:
+    """Where ``Ledger.register_many(request_ids[start:], ...)`` stopped: the index of the
+    request its ``error`` names (every refusal names one; those before it are
+    registered). Raises ``error`` itself when it names none of them."""
+    named = getattr(error, "request_id", None)
+    if isinstance(named, str) and named in request_ids[start:]:
+        return request_ids.index(named, start)
+    raise error
+
+
 def _json_string(rid: object) -> str:
     return encode_basestring(rid) if isinstance(rid, str) else json.dumps(rid, ensure_ascii=False)
 
@@ -312,10 +322,7 @@ class RecordingLedger:
             try:
                 self.inner.register_many(request_ids, blocks, spec)
             except KvdrainError as e:
-                # Those before the refused one, which the error names, are registered.
-                named = getattr(e, "request_id", None)
-                done = request_ids.index(named) if named in request_ids else 0
-                self.recorder.register(request_ids[:done], spec)
+                self.recorder.register(request_ids[: refused_at(request_ids, e)], spec)
                 raise
             self.recorder.register(request_ids, spec)
 
