@@ -11,6 +11,7 @@ blocks D may have given back, that is, after D's quarantine for it began.
 
 from __future__ import annotations
 
+import threading
 import time as real_time
 import types
 from concurrent.futures import Future
@@ -242,6 +243,53 @@ def test_a_registration_read_late_by_p_is_dated_at_the_drain_before(
     pair.prefill_done(lease_s=1)
     pair.p_round()
     assert pair.posted_at == []
+
+
+def test_a_registration_reaching_an_idle_producer_is_dated_when_it_arrived(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM's own writer thread (a real thread, running vLLM's loop) drains at 0, then P
+    sits idle for 10 s: no engine step wakes the writer. D registers at 10 000 and its
+    PUSH_REG reaches P before P's next step. Parked until that step, the writer dated
+    it at its last drain (0), took it for ended at 500 and failed a receive D had just
+    registered. Now an idle writer drains every ``IDLE_DRAIN_MS`` on its own, so the
+    registration is dated within that of its arrival, and P's prefill posts."""
+    pair = Pair(monkeypatch, HOLE_1, lease_s=1)
+    w, nixl = pair.p.w, pair.p.nixl
+    drains = threading.Semaphore(0)
+    real_drain = nixl.get_new_notifs
+
+    def counted() -> dict[str, list[bytes]]:
+        batch = real_drain()
+        drains.release()
+        return batch
+
+    nixl.get_new_notifs = counted  # type: ignore[method-assign]
+    writer = threading.Thread(target=w._push_writer_loop, daemon=True)
+    writer.start()
+    try:
+        assert drains.acquire(timeout=10)  # the loop drains at 0
+        pair.to(10_000)
+        # Two drains at 10 000 with nothing to wake the writer: the second began after
+        # the clock moved. (vLLM's own writer stays parked: none comes.)
+        idle_drains = drains.acquire(timeout=5) and drains.acquire(timeout=5)
+        reg = pair.registered()
+        assert lifetime_of(reg) == 500
+        nixl.deliver({"D0": [reg]})
+        pair.to(10_100)
+        pair.prefill_done(lease_s=1)
+        w._push_writer_wake.set()  # P's first engine step after the idle spell
+        until = real_time.monotonic() + 10
+        while not nixl.posted and not nixl.sent and real_time.monotonic() < until:
+            real_time.sleep(0.001)
+        assert nixl.sent == [], "the registration was taken for ended: PUSH_FAIL sent"
+        assert w.kvdrain_prefill.alive(D_RID) and len(nixl.posted) == 1  # the WRITE
+        assert idle_drains
+    finally:
+        w._push_writer_stop.set()
+        w._push_writer_wake.set()
+        writer.join(timeout=10)
+    assert not writer.is_alive()
 
 
 def test_a_live_registration_posts_and_a_cancel_after_the_post_lets_it_finish(

@@ -131,6 +131,7 @@ ATTRIBUTES: Attributes = {
         "_recving_transfers",
         "_failed_recv_reqs",
         "_invalid_block_ids",
+        "_push_writer_wake",
     ),
     "NixlKVConnectorStats": ("data",),
     "NixlPromMetrics": ("_counter_cls", "_gauge_cls"),

@@ -27,6 +27,7 @@ from kvdrain.vllm._nixl_watch import CallWatch
 from kvdrain.vllm._prefill import LIFETIME_KEY, PrefillSide
 from kvdrain.vllm._settings import Settings
 from kvdrain.vllm._topology import agent_name, block_groups, expected_edges
+from kvdrain.vllm._writer_wake import BoundedWake
 
 __all__ = ["KvdrainPushWorker"]
 
@@ -40,6 +41,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
 
     nixl_wrapper: Any  # vLLM's NIXL agent, behind the plugin's NixlTap once attached
     xfer_stats: Any  # vLLM's NIXL stats, a KvdrainStats once attached
+    _push_writer_wake: Any  # vLLM's writer-thread event, a BoundedWake once attached
 
     # -- set-up ---------------------------------------------------------------------- #
 
@@ -82,6 +84,8 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             stack_tools=settings.nixl_stack_tools,
         )
         self.nixl_wrapper = NixlTap(agent, self.kvdrain_decode, self.kvdrain_prefill, watch)
+        # Before register_kv_caches starts the writer thread: it drains when idle too.
+        self._push_writer_wake = BoundedWake.around(self._push_writer_wake)
         logger.info(
             "kvdrain: ledger on TP rank %d (deadline_ms=%d, quarantine_ms=%d, "
             "settle_ms=%d, capacity=%d)",
