@@ -529,10 +529,10 @@ def test_producer_killed_mid_write(engines: Engines, fleet: str) -> None:
     run.P.call("send", rid=rid, index=i, n_blocks=N_BLOCKS)
     assert run.until(lambda: run.P.call("fault")["posted"].get(rid, 0) > 0)
     killed_at = time.monotonic()
-    run.P.kill()  # returns once the process is reaped
-    exited_at = time.monotonic()
+    run.P.kill()  # at once: D steps while the kernel tears P down
     if fleet == "plugin":
         assert run.until(resolved(run, rid))
+        exited_at = run.P.reaped()
         told_at = run.d().told_at[rid]
         # The lost agent shows only once the kernel has torn P down and closed its
         # sockets (about 2 s here, up to 8.4 s seen on a loaded two-core host). Reaped a
@@ -552,9 +552,8 @@ def test_producer_killed_mid_write(engines: Engines, fleet: str) -> None:
         else:
             assert line.decided_by in (["gone"], ["deadline"], ["deadline", "gone"]), line
         # Released after settling (the engines' steps add their pace to the bound). Told
-        # times are the harness's steps, and none runs while it waits for P to be
-        # reaped: a reap past the deadline (18.8 s once) finds the expiry and its release
-        # due together, told in one step.
+        # times are the harness's steps: on a host loaded enough to reap P late, a step
+        # late enough to find the decision and its release due together, told at once.
         gap = line.extra["released_s"] - line.extra["decision_s"]
         assert gap >= (SETTLE_MS / 1000 - 0.05 if judged else 0), line
         assert line.violations == [] and line.told_once
