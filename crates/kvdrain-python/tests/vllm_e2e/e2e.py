@@ -194,10 +194,18 @@ class EngineError(RuntimeError):
     """An engine process answered a command with an error, or not at all."""
 
 
+HOST_STALL_S = 5.0
+"""A call to an engine that takes this long is a stall: every call the suites make
+answers in milliseconds, but a loaded host has frozen an engine process for 27 s
+(neither its engine thread nor its writer thread ran, and no NIXL call was in flight)."""
+
+
 class EngineProc:
     _late = 0
     """Calls whose reply did not come in time: a stalled engine that resumes still answers
     them, and those lines must not be read as the answers to later calls."""
+    stalls: tuple[tuple[str, str, float], ...] = ()
+    """``(engine, call, seconds)`` of each call that took :data:`HOST_STALL_S` or more."""
 
     def __init__(
         self,
@@ -332,9 +340,13 @@ class EngineProc:
     def call(self, op: str, timeout_s: float = 60.0, **kw: Any) -> Any:
         assert self.proc.stdin is not None
         self._drop_late_replies(timeout_s)
+        start = time.monotonic()
         self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
         self.proc.stdin.flush()
         reply = self._next(timeout_s)
+        took = time.monotonic() - start
+        if took >= HOST_STALL_S:
+            self.stalls = (*self.stalls, (self.engine_id, op, round(took, 2)))
         if not reply.get("ok"):
             raise EngineError(f"{self.engine_id}: {op}: {reply.get('error')}")
         return reply.get("result")
