@@ -470,7 +470,11 @@ def _stray_and_garbage(engines: Engines, fleet: str) -> bool:
     registered = time.monotonic()
     run.D.call("recv", rid=rid, index=i, n_blocks=N_BLOCKS, p_engine=run.P.engine_id, p_port=run.P.port)
     run.P.call("send", rid=rid, index=i, n_blocks=N_BLOCKS)
-    # P has D's registration once the writer thread waits on the hold.
+    # The stray goes once D has registered the receive and P has D's registration (its
+    # writer thread waits on the hold). Sent before D's next step, it would reach D's
+    # writer thread, which drains on its own, ahead of the registration, and be counted
+    # for a request D does not track yet.
+    assert run.until(lambda: rid in run.P.call("fault")["attempted_at"])
     md = run.D.call("agent_md")
     d_agent = md["name"]
     strays = run.d().counters.get("unexpected_sender", 0)
