@@ -133,14 +133,13 @@ def dying_threads(pid: int) -> str:
     (``/proc/PID/task/TID/{stat,wchan,stack}``; the stack needs root). A thread in ``D``
     (uninterruptible) holds the whole process back: SIGKILL acts when it leaves."""
     rows = [f"process {pid}, killed, not reaped yet:"]
-    for task in sorted(Path(f"/proc/{pid}/task").glob("*"), key=lambda t: int(t.name)):
+    for tid, (name, state, _) in sorted(thread_cpu(pid).items()):
+        task = Path(f"/proc/{pid}/task/{tid}")
         try:
-            text = (task / "stat").read_text()
             wchan = (task / "wchan").read_text().strip() or "-"
         except OSError:
             continue
-        name, state = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2]
-        rows.append(f"  tid {task.name} {name!r} state {state} in {wchan}")
+        rows.append(f"  tid {tid} {name!r} state {state} in {wchan}")
         try:
             rows += [f"      {frame}" for frame in (task / "stack").read_text().splitlines()]
         except OSError:

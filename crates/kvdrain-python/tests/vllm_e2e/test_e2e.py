@@ -15,13 +15,13 @@ Timings come from the settings below (lease 2 s, deadline 6 s, quarantine 4 s, s
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import shutil
 import subprocess
 import threading
 import time
-import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
