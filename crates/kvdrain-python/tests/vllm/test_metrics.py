@@ -24,6 +24,7 @@ from harness import (
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from vllm.v1.request import RequestStatus
 
+from kvdrain.vllm._metrics import GAUGE_PERIOD_MS, GAUGES, KvdrainStats
 from kvdrain.vllm._settings import Settings
 from kvdrain.vllm.connector import KvdrainPushConnector
 
@@ -122,6 +123,30 @@ def test_a_wedged_receive_shows_in_the_oldest_age_gauge() -> None:
     assert value(scrape(e), "vllm:kvdrain_oldest_receive_age_seconds") == 20.0
 
 
+def test_a_busy_rank_samples_its_gauges_on_a_change_and_every_period() -> None:
+    """A rank's gauges are sampled at the step where the held blocks change or an age
+    leaves or reaches zero, else every ``GAUGE_PERIOD_MS`` while any is above zero (only
+    the ages moved), and once more when all fall to zero; a quiet rank samples nothing."""
+    s = KvdrainStats()
+    held, age, call = (
+        GAUGES[k] for k in ("held_blocks", "oldest_receive_age_seconds", "nixl_oldest_call_seconds")
+    )
+    p = GAUGE_PERIOD_MS
+    s.record_gauges(0, 0, 0, 0.0)  # quiet
+    s.record_gauges(0, 10, 0, 0.01)  # a receive waits: at once
+    s.record_gauges(0, 20, 0, 0.02)  # its age grew, within the period
+    s.record_gauges(0, 30, 4, 0.03)  # blocks held: at once
+    s.record_gauges(0, 29 + p, 4, (29 + p) / 1000)  # within the period
+    s.record_gauges(0, 30 + p, 4, (30 + p) / 1000)  # the period: sampled
+    s.record_gauges(0, 31 + p, 4, (31 + p) / 1000, 0.2)  # a call in flight: at once
+    s.record_gauges(0, 32 + p, 4, (32 + p) / 1000, 0.3)  # its age grew, within the period
+    s.record_gauges(0, 33 + p, 0, 0.0)  # all zero: once
+    s.record_gauges(0, 40 * p, 0, 0.0)  # quiet
+    assert s.data[held] == [[0, 0], [0, 4], [0, 4], [0, 4], [0, 0]]
+    assert s.data[age] == [[0, 0.01], [0, 0.03], [0, (30 + p) / 1000], [0, (31 + p) / 1000], [0, 0.0]]
+    assert s.data[call] == [[0, 0.0], [0, 0.0], [0, 0.0], [0, 0.2], [0, 0.0]]
+
+
 def test_failure_notices_a_producer_sent_are_counted() -> None:
     p = ProducerRank(PLUGIN, p_tp=2, tp_rank=0, d_tp=1)
     p.nixl.fail_posts = 1
@@ -167,6 +192,7 @@ def test_a_held_nixl_call_counts_one_stall_and_shows_its_age(
     first_age = value(text, "vllm:kvdrain_nixl_oldest_call_seconds")
     assert first_age >= bound_ms / 1000
     time.sleep(0.3)
+    e.clock.advance_ms(GAUGE_PERIOD_MS)  # a growing age is sampled once a period
     assert e.step().error is None
     text = scrape(e)
     assert value(text, "vllm:kvdrain_nixl_stalls_total") == 0  # counted once, not again

@@ -60,7 +60,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
 
 from kvdrain.vllm._decode import COUNT_KEYS, DecodeReport
 
-__all__ = ["COUNTERS", "DEPRECATED_GAUGES", "GAUGES", "KvdrainPromMetrics", "KvdrainStats"]
+__all__ = [
+    "COUNTERS",
+    "DEPRECATED_GAUGES",
+    "GAUGES",
+    "GAUGE_PERIOD_MS",
+    "KvdrainPromMetrics",
+    "KvdrainStats",
+]
 
 # Counter series -> (label, {label value: data key}); a data key is "kvdrain_" and the
 # DecodeReport.counts key.
@@ -83,6 +90,8 @@ GAUGES = {
     "oldest_receive_age_seconds": "kvdrain_oldest_receive_age_seconds",
     "nixl_oldest_call_seconds": "kvdrain_nixl_oldest_call_seconds",
 }
+GAUGE_PERIOD_MS = 100
+"""How often a busy rank samples its gauges when only the ages moved (ms of its clock)."""
 # Deprecated series -> the gauge whose data it repeats (one release, then removed).
 DEPRECATED_GAUGES = {"fenced_blocks": "held_blocks"}
 _KEYS = (
@@ -107,17 +116,37 @@ class KvdrainStats(NixlKVConnectorStats):
             self.data["kvdrain_" + key].append(n)
 
     def record_gauges(
-        self, rank: int, held_blocks: int, oldest_age_s: float, oldest_call_s: float = 0.0
+        self,
+        rank: int,
+        now_ms: int,
+        held_blocks: int,
+        oldest_age_s: float,
+        oldest_call_s: float = 0.0,
     ) -> None:
-        """Rank ``rank``'s gauges, once a step: sampled while any is above zero, and
-        once more when all fall back to zero (a quiet engine sends no stats). A sample
-        is ``[rank, value]``."""
-        busy = bool(held_blocks or oldest_age_s or oldest_call_s)
-        if busy or getattr(self, "_kvdrain_busy", False):
-            self.data[GAUGES["held_blocks"]].append([rank, held_blocks])
-            self.data[GAUGES["oldest_receive_age_seconds"]].append([rank, oldest_age_s])
-            self.data[GAUGES["nixl_oldest_call_seconds"]].append([rank, oldest_call_s])
-        self._kvdrain_busy = busy
+        """Rank ``rank``'s gauges at its step's clock ``now_ms``: sampled while any is
+        above zero, at once when the held blocks change or an age leaves or reaches zero,
+        else every :data:`GAUGE_PERIOD_MS` (the ages grow with every step); and once
+        more when all fall back to zero (a quiet engine sends no stats). A sample is
+        ``[rank, value]``."""
+        waiting, calling = oldest_age_s > 0, oldest_call_s > 0
+        # (held blocks, a receive waiting, a call in flight, at ms) of the last sample
+        # while any gauge was above zero; None once they all were.
+        last: tuple[int, bool, bool, int] | None = getattr(self, "_kvdrain_sampled", None)
+        if last is None:
+            if not (held_blocks or waiting or calling):
+                return
+        elif (
+            last[0] == held_blocks
+            and last[1] is waiting
+            and last[2] is calling
+            and now_ms < last[3] + GAUGE_PERIOD_MS
+        ):
+            return
+        self.data[GAUGES["held_blocks"]].append([rank, held_blocks])
+        self.data[GAUGES["oldest_receive_age_seconds"]].append([rank, oldest_age_s])
+        self.data[GAUGES["nixl_oldest_call_seconds"]].append([rank, oldest_call_s])
+        busy = bool(held_blocks or waiting or calling)
+        self._kvdrain_sampled = (held_blocks, waiting, calling, now_ms) if busy else None
 
     def record_nixl_stalls(self, stalls: int) -> None:
         """NIXL calls newly past the stall bound (each stalled call once)."""
