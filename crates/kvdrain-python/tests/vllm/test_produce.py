@@ -20,6 +20,7 @@ from harness import (
     nixlBackendError,
     nixlNotFoundError,
     push_fail,
+    writer_round,
 )
 from vllm.v1.request import RequestStatus
 
@@ -200,3 +201,24 @@ def test_a_deferred_push_drained_after_the_blocks_were_freed_does_not_post(which
         return
     assert again == []
     assert p.nixl.sent == []
+
+
+@BOTH
+def test_a_heartbeat_read_by_the_writer_extends_the_lease_at_the_next_step(which: str) -> None:
+    """D's ``HB:`` reaches a producer through vLLM's writer thread and its queue to the
+    engine thread: the next step extends the named lease, as vLLM's own worker does. The
+    plugin's step skips vLLM's drain of that queue only when it is empty."""
+    p = ProducerRank(which, p_tp=1, d_tp=1)
+    p.w._reqs_to_send["p-r"] = time.perf_counter() + 1.0
+    p.w._reqs_to_process.add("p-r")
+    p.results()  # nothing forwarded: the lease stands
+    before = p.w._reqs_to_send["p-r"]
+    assert before < time.perf_counter() + 2.0
+    p.nixl.deliver({"D0": [b"HB:p-r,other"]})
+    writer_round(p.w)
+    assert p.w._pending_completion_notifs.qsize() == 1
+    assert p.w._lease_extension > 1  # two thirds of vLLM's lease, in whole seconds
+    t0 = time.perf_counter()
+    p.results()
+    assert p.w._pending_completion_notifs.empty()
+    assert p.w._reqs_to_send["p-r"] >= t0 + p.w._lease_extension > before

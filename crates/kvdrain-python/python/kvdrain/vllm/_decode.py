@@ -278,11 +278,13 @@ class DecodeSide:
         rec = self._receives.get(rid)
         return None if rec is None else rec.phase
 
-    def gauges(self) -> tuple[int, float]:
-        """``(blocks held now, age in s of the oldest receive still waiting)``."""
+    def gauges(self) -> tuple[int, int, float]:
+        """``(the clock at the last step in ms, blocks held now, age in s of the oldest
+        receive still waiting)``."""
+        now = self._now
         oldest = next(iter(self._waiting), None)
-        age = 0.0 if oldest is None else (self._now - self._receives[oldest].tracked_ms) / 1000
-        return self._held_blocks, age
+        age = 0.0 if oldest is None else (now - self._receives[oldest].tracked_ms) / 1000
+        return now, self._held_blocks, age
 
     # -- writer thread ---------------------------------------------------------------- #
 
@@ -354,12 +356,15 @@ class DecodeSide:
         refused: list[str] = []
         start = 0
         while start < len(receives):
+            rest = (rids, blocks) if start == 0 else (rids[start:], blocks[start:])
             try:
-                self.ledger.register_many(rids[start:], blocks[start:], expect)
+                self.ledger.register_many(*rest, expect)
                 stop, error = len(receives), None
             except KvdrainError as e:
                 stop, error = refused_at(rids, e, start), e
-            self._track_waiting(receives[start:stop], lifetime_end)
+            self._track_waiting(
+                receives if start == 0 and error is None else receives[start:stop], lifetime_end
+            )
             if error is not None:
                 rid, groups, _ = receives[stop]
                 if self._refused(rid, groups, error, report) != "duplicate":
@@ -468,8 +473,9 @@ class DecodeSide:
         catch-up and registrations), continued; a new one when ``None``."""
         if report is None:
             report = DecodeReport()
-        report.cancelled.extend(self._cancels)
-        self._cancels = []
+        if self._cancels:
+            report.cancelled.extend(self._cancels)
+            self._cancels = []
         completed, others = self.ledger.poll_split()
         for rid in completed:
             self._completed(rid, report)
@@ -551,7 +557,7 @@ class DecodeSide:
         now = self._now = self.clock.now_ms()
         for d in self.ledger.advance(now):
             self._apply(d, report)
-        if self._take_lost(report):
+        if self._lost and self._take_lost(report):
             self._recount = True
         held, quarantine = self._refused_held, self.settings.quarantine_ms
         while held:

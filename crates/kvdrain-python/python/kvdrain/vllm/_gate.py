@@ -103,6 +103,7 @@ SIGNATURES: Signatures = {
         "_send_heartbeats": ("self", "metadata"),
         "_do_send_reg_notif": ("self", "req_id", "reg_data"),
         "_do_start_push_kv": ("self", "request_id", "local_block_ids", "registration_data"),
+        "_get_new_notifs": ("self",),
         "shutdown": ("self",),
     },
     "TransferTopology": {
@@ -132,6 +133,7 @@ ATTRIBUTES: Attributes = {
         "_failed_recv_reqs",
         "_invalid_block_ids",
         "_push_writer_wake",
+        "_pending_completion_notifs",
     ),
     "NixlKVConnectorStats": ("data",),
     "NixlPromMetrics": ("_counter_cls", "_gauge_cls"),

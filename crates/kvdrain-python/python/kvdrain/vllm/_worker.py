@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import queue
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sized
 from typing import Any
 
 import vllm
@@ -42,6 +43,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
     nixl_wrapper: Any  # vLLM's NIXL agent, behind the plugin's NixlTap once attached
     xfer_stats: Any  # vLLM's NIXL stats, a KvdrainStats once attached
     _push_writer_wake: Any  # vLLM's writer-thread event, a BoundedWake once attached
+    _pending_completion_notifs: object  # what vLLM's writer forwards, a queue.Queue
 
     # -- set-up ---------------------------------------------------------------------- #
 
@@ -84,6 +86,12 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             stack_tools=settings.nixl_stack_tools,
         )
         self.nixl_wrapper = NixlTap(agent, self.kvdrain_decode, self.kvdrain_prefill, watch)
+        # The deque under vLLM's queue of forwarded messages (bound once, in its
+        # constructor), read for emptiness by _get_new_notifs; None: not a queue.Queue.
+        forwarded = self._pending_completion_notifs
+        self._kvdrain_forwarded: Sized | None = (
+            forwarded.queue if isinstance(forwarded, queue.Queue) else None
+        )
         # Before register_kv_caches starts the writer thread: it drains when idle too.
         self._push_writer_wake = BoundedWake.around(self._push_writer_wake)
         logger.info(
@@ -106,7 +114,7 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         decode = self.kvdrain_decode
         # Continues a report no get_transfer_results has told yet, if any.
         report = decode.catch_up(self._kvdrain_report)
-        refused: set[str] = set()  # no PUSH_REG for these (refused or held, not tracked)
+        refused: list[str] = []  # no PUSH_REG for these (refused or held, not tracked)
         if metadata.reqs_to_recv and not (self.pcp_rank > 0 and not self.pcp_dcp_sharded):
             # Registered before vLLM queues the PUSH_REG: no notice can precede its request.
             agents: dict[str, dict[tuple[int, int], Any]] = {}  # per producer engine
@@ -127,12 +135,13 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
                         batch = batches[key] = (self._kvdrain_expect(meta, agents), [])
                     batch[1].append((rid, groups, producer))
             for expect, receives in batches.values():
-                refused.update(decode.register_many(receives, expect, report))
+                refused += decode.register_many(receives, expect, report)
         if refused and metadata.push_registrations:
             # A refused receive sends no PUSH_REG: this rank asks nobody to write into it.
             metadata = copy.copy(metadata)  # vLLM's own object stays as it built it
+            not_sent = set(refused)
             metadata.push_registrations = {
-                k: v for k, v in metadata.push_registrations.items() if k not in refused
+                k: v for k, v in metadata.push_registrations.items() if k not in not_sent
             }
         for rid in getattr(metadata, "recv_finished_early", ()):
             decode.abort(rid, report)
@@ -166,19 +175,35 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         else:
             logger.info("kvdrain: PUSH_REG for %s not sent: the receive ended first", req_id)
 
+    def _get_new_notifs(self) -> set[str]:
+        # vLLM's writer thread forwards here only what the tap hands back: the heartbeats
+        # to this rank as a producer, every few seconds (the ledger keeps the rest). On a
+        # step with none, vLLM's drain would pay a lock and a raised queue.Empty to find
+        # that out; the deque's length is read without either (a message put meanwhile
+        # waits for the next step, as it would after vLLM's own drain).
+        forwarded = self._kvdrain_forwarded
+        if forwarded is not None and not forwarded:
+            return set()
+        return super()._get_new_notifs()
+
     def get_transfer_results(self) -> KVConnectorTransferResults:
         decode = self.kvdrain_decode
         report = decode.step(self._kvdrain_report)
         self._kvdrain_report = None
-        self._kvdrain_cancel(report.cancelled)
+        if report.cancelled:
+            self._kvdrain_cancel(report.cancelled)
         watch = self.nixl_wrapper.watch
-        self.xfer_stats.record_gauges(
-            self.tp_rank, *decode.gauges(), oldest_call_s=watch.oldest_s()
-        )
-        self.xfer_stats.record_nixl_stalls(watch.take_stalls())
+        stats = self.xfer_stats
+        stats.record_gauges(self.tp_rank, *decode.gauges(), watch.oldest_s())
+        stalls = watch.take_stalls()
+        if stalls:
+            stats.record_nixl_stalls(stalls)
         results = decode.tell(report, self._kvdrain_vllm, super().get_transfer_results)
-        self.kvdrain_prefill.release_sources(results.finished_sending)
-        self._kvdrain_send(self.kvdrain_prefill.take_owed())
+        prefill = self.kvdrain_prefill
+        prefill.release_sources(results.finished_sending)
+        owed = prefill.take_owed()
+        if owed:
+            self._kvdrain_send(owed)
         return results
 
     def get_block_ids_with_load_errors(self) -> set[int]:
