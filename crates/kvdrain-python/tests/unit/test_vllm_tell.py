@@ -149,7 +149,8 @@ def test_a_steps_receives_registered_at_once_as_one_by_one() -> None:
             receives += [("dup", [[8]], None), ("c", [[3]], None), ("d", [[4, 5]], None)]
             receives += [("e", [[6]], ("P", "p-e"))]
             if many:
-                refused = d.register_many(receives, 1, report)
+                rids, blocks, producers = (list(x) for x in zip(*receives))
+                refused = d.register_many(rids, blocks, producers, 1, report)
             else:
                 done = {rid: d.register(rid, g, 1, report, p) for rid, g, p in receives}
                 refused = [rid for rid, x in done.items() if x in ("refused", "held")]

@@ -208,10 +208,12 @@ class RankWorker:
         if decode is not None:
             register_many = decode.register_many
 
-            def recording_register_many(receives: Any, expect: Any, report: Any) -> Any:
-                for rid, _, _ in receives:
+            def recording_register_many(
+                rids: Any, blocks: Any, producers: Any, expect: Any, report: Any
+            ) -> Any:
+                for rid in rids:
                     self.expects[rid] = expect
-                return register_many(receives, expect, report)
+                return register_many(rids, blocks, producers, expect, report)
 
             decode.register_many = recording_register_many
         shape = (

@@ -194,8 +194,8 @@ class _Receive:
     :meth:`DecodeSide._set_phase` alone where the phase and the gauges move together."""
 
     phase: Phase
-    blocks: int
-    """Its blocks, every KV cache group (the held-blocks gauge counts them)."""
+    groups: list[list[int]]
+    """Its blocks, by KV cache group (the ledger holds the same lists)."""
     tracked_ms: int
     """When it was registered (or refused) here."""
     producer: tuple[str, str] | None = None
@@ -210,6 +210,12 @@ class _Receive:
     refused_groups: list[list[int]] | None = None
     """Refused but held (two or more ranks): its blocks, released a quarantine after
     ``tracked_ms``."""
+
+    def blocks(self) -> int:
+        """How many blocks it has, every group (the held-blocks gauge counts them): read
+        when it stops waiting, not at its registration, which most receives never do."""
+        groups = self.groups
+        return len(groups[0]) if len(groups) == 1 else sum(len(g) for g in groups)
 
 
 class DecodeSide:
@@ -336,38 +342,44 @@ class DecodeSide:
         ``start_load_kv``). ``producer``: ``(engine, P request id)`` the receive is
         registered with (see the module's *Producers*)."""
         known = rid in self._receives
-        if self.register_many([(rid, groups, producer)], expect, report):
+        if self.register_many([rid], [groups], [producer], expect, report):
             return "refused" if self.world_size == 1 else "held"
         return "tracked" if not known and rid in self._receives else "duplicate"
 
     def register_many(
         self,
-        receives: list[tuple[str, list[list[int]], tuple[str, str] | None]],
+        rids: list[str],
+        blocks: list[list[list[int]]],
+        producers: list[tuple[str, str] | None],
         expect: int | list[str],
         report: DecodeReport,
     ) -> list[str]:
-        """:meth:`register` of each ``(rid, groups, producer)`` in ``receives``, all
-        with ``expect`` (a step's receives from one producer engine), in one call into
-        the ledger until one is refused. Returns the ids refused or held, in order: no
+        """:meth:`register` of each receive ``rids[i]`` with its ``blocks[i]`` and
+        ``producers[i]``, all with ``expect`` (a step's receives from one producer engine),
+        in one call into the ledger until one is refused. The block lists are held as
+        they are (the plugin's own). Returns the ids refused or held, in order: no
         ``PUSH_REG`` may leave for those."""
-        rids = [r[0] for r in receives]
-        blocks = [r[1] for r in receives]  # the plugin's own lists, held as they are
         lifetime_end = self._now + self.settings.lifetime_ms
         refused: list[str] = []
-        start = 0
-        while start < len(receives):
-            rest = (rids, blocks) if start == 0 else (rids[start:], blocks[start:])
+        start, end = 0, len(rids)
+        while start < end:
             try:
-                self.ledger.register_many(*rest, expect)
-                stop, error = len(receives), None
+                if start == 0:
+                    self.ledger.register_many(rids, blocks, expect)
+                else:
+                    self.ledger.register_many(rids[start:], blocks[start:], expect)
+                stop, error = end, None
             except KvdrainError as e:
                 stop, error = refused_at(rids, e, start), e
-            self._track_waiting(
-                receives if start == 0 and error is None else receives[start:stop], lifetime_end
-            )
+            if start == 0 and stop == end:
+                self._track_waiting(rids, blocks, producers, lifetime_end)
+            else:
+                self._track_waiting(
+                    rids[start:stop], blocks[start:stop], producers[start:stop], lifetime_end
+                )
             if error is not None:
-                rid, groups, _ = receives[stop]
-                if self._refused(rid, groups, error, report) != "duplicate":
+                rid = rids[stop]
+                if self._refused(rid, blocks[stop], error, report) != "duplicate":
                     refused.append(rid)
             start = stop + 1
         return refused
@@ -672,7 +684,7 @@ class DecodeSide:
         # The release's record is the last word: edges that landed after the failure or
         # the expiry, and the settle end.
         story.update(record_fields(record))
-        story.update(released_ms=self._now, release=how, blocks=rec.blocks)
+        story.update(released_ms=self._now, release=how, blocks=rec.blocks())
         self._story(rid, rec.tracked_ms, story)
         self._set_phase(rid, None)
         report.count(f"releases_{how}")
@@ -685,21 +697,24 @@ class DecodeSide:
         report.released.append(rid)
 
     def _track_waiting(
-        self, receives: list[tuple[str, list[list[int]], tuple[str, str] | None]], lifetime_end: int
+        self,
+        rids: list[str],
+        blocks: list[list[list[int]]],
+        producers: list[tuple[str, str] | None],
+        lifetime_end: int,
     ) -> None:
         """Tracks receives the ledger registered: they wait (no gauge moves)."""
         tracked, waiting, now = self._receives, self._waiting, self._now
-        for rid, groups, producer in receives:
-            blocks = len(groups[0]) if len(groups) == 1 else sum(len(g) for g in groups)
+        for rid, groups, producer in zip(rids, blocks, producers):
             end = None if producer is None else lifetime_end
-            tracked[rid] = _Receive("waiting", blocks, now, producer, end)
+            tracked[rid] = _Receive("waiting", groups, now, producer, end)
             waiting[rid] = None
 
     def _track_held(self, rid: str, groups: list[list[int]]) -> _Receive:
         """Tracks a receive the ledger refused, held for the quarantine."""
-        rec = _Receive("held", sum(len(g) for g in groups), self._now)
+        rec = _Receive("held", groups, self._now)
         self._receives[rid] = rec
-        self._held_blocks += rec.blocks
+        self._held_blocks += rec.blocks()
         return rec
 
     def _set_phase(self, rid: str, phase: Phase | None) -> None:
@@ -711,9 +726,9 @@ class DecodeSide:
                 return
             del self._waiting[rid]
             if phase is not None:
-                self._held_blocks += rec.blocks
+                self._held_blocks += rec.blocks()
         elif phase is None:
-            self._held_blocks -= rec.blocks
+            self._held_blocks -= rec.blocks()
         if phase is None:
             self._close(rid, rec)
             del self._receives[rid]

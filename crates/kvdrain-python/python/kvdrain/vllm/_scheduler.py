@@ -78,7 +78,7 @@ class KvdrainPushScheduler(NixlPushConnectorScheduler):
         super().update_state_after_alloc(request, blocks, num_external_tokens)
         rid = request.request_id
         staged = self._reqs_need_recv.get(rid)
-        if staged is not None and any(block_groups(staged[1])):
+        if staged is not None and block_groups(staged[1]):
             self.kvdrain_receiving.add(rid)
             self.kvdrain_tracked.add(rid)
             self._kvdrain_waiting_logged.discard(rid)

@@ -24,17 +24,19 @@ def agent_name(agent: str | bytes) -> str:
 
 
 def block_groups(block_ids: object) -> list[list[int]]:
-    """``BlockIds`` (one list per KV cache group, or one flat list) as lists of ints."""
+    """``BlockIds`` (one list per KV cache group, or one flat list) as lists of ints;
+    none at all (``[]``) when it holds no block."""
     # vLLM's own shape first, a tuple of lists (most often one): this runs once per
     # receive registered, and a comprehension costs more than the copy itself.
     if type(block_ids) is tuple and len(block_ids) == 1 and type(block_ids[0]) is list:
-        return [block_ids[0][:]]
+        return [block_ids[0][:]] if block_ids[0] else []
     # list and tuple next: an ABC's isinstance is the slowest step of a registration.
     if not block_ids or not isinstance(block_ids, (list, tuple, Sequence)):
         return []
     if isinstance(block_ids[0], int):
         return [list(block_ids)]
-    return [list(g) for g in block_ids]
+    groups = [list(g) for g in block_ids]
+    return groups if any(groups) else []
 
 
 def expected_edges(

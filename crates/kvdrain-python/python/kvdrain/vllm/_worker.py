@@ -119,11 +119,13 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
             # Registered before vLLM queues the PUSH_REG: no notice can precede its request.
             agents: dict[str, dict[tuple[int, int], Any]] = {}  # per producer engine
             # One expectation per producer engine and layout in a step (the same agents,
-            # so the same edges), and one registration of all its receives.
-            batches: dict[tuple[str | None, int, int], tuple[int | list[str], list[Any]]] = {}
+            # so the same edges), and one registration of all its receives: their ids,
+            # blocks and producers in three lists.
+            batches: dict[tuple[str | None, int, int], tuple[Any, list[Any], list[Any], list[Any]]]
+            batches = {}
             for rid, meta in metadata.reqs_to_recv.items():
                 groups = block_groups(meta.local_block_ids)
-                if any(groups):
+                if groups:
                     remote = meta.remote
                     if remote is None:
                         key, producer = (None, meta.tp_size, meta.pp_size), None
@@ -132,10 +134,12 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
                         producer = (remote.engine_id, remote.request_id)
                     batch = batches.get(key)
                     if batch is None:
-                        batch = batches[key] = (self._kvdrain_expect(meta, agents), [])
-                    batch[1].append((rid, groups, producer))
-            for expect, receives in batches.values():
-                refused += decode.register_many(receives, expect, report)
+                        batch = batches[key] = (self._kvdrain_expect(meta, agents), [], [], [])
+                    batch[1].append(rid)
+                    batch[2].append(groups)
+                    batch[3].append(producer)
+            for expect, rids, blocks, producers in batches.values():
+                refused += decode.register_many(rids, blocks, producers, expect, report)
         if refused and metadata.push_registrations:
             # A refused receive sends no PUSH_REG: this rank asks nobody to write into it.
             metadata = copy.copy(metadata)  # vLLM's own object stays as it built it
