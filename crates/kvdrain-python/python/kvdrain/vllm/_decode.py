@@ -188,6 +188,15 @@ class DecodeReport:
         self.counts[key] = self.counts.get(key, 0) + n
 
 
+T = TypeVar("T")
+
+
+def _span(items: list[T], start: int, stop: int) -> list[T]:
+    """``items[start:stop]``, or ``items`` itself when that is all of it (a step's batch
+    registered whole, the common case, is not copied)."""
+    return items if start == 0 and stop == len(items) else items[start:stop]
+
+
 @dataclass(slots=True)
 class _Receive:
     """All this side holds of one receive it has not reported to vLLM yet; changed by
@@ -363,20 +372,18 @@ class DecodeSide:
         refused: list[str] = []
         start, end = 0, len(rids)
         while start < end:
+            rest = _span(blocks, start, end)  # its own line: typed from blocks, not the call
             try:
-                if start == 0:
-                    self.ledger.register_many(rids, blocks, expect)
-                else:
-                    self.ledger.register_many(rids[start:], blocks[start:], expect)
+                self.ledger.register_many(_span(rids, start, end), rest, expect)
                 stop, error = end, None
             except KvdrainError as e:
                 stop, error = refused_at(rids, e, start), e
-            if start == 0 and stop == end:
-                self._track_waiting(rids, blocks, producers, lifetime_end)
-            else:
-                self._track_waiting(
-                    rids[start:stop], blocks[start:stop], producers[start:stop], lifetime_end
-                )
+            self._track_waiting(
+                _span(rids, start, stop),
+                _span(blocks, start, stop),
+                _span(producers, start, stop),
+                lifetime_end,
+            )
             if error is not None:
                 rid = rids[stop]
                 if self._refused(rid, blocks[stop], error, report) != "duplicate":

@@ -129,11 +129,12 @@ class KvdrainStats(NixlKVConnectorStats):
         more when all fall back to zero (a quiet engine sends no stats). A sample is
         ``[rank, value]``."""
         waiting, calling = oldest_age_s > 0, oldest_call_s > 0
+        busy = bool(held_blocks or waiting or calling)
         # (held blocks, a receive waiting, a call in flight, at ms) of the last sample
         # while any gauge was above zero; None once they all were.
         last: tuple[int, bool, bool, int] | None = getattr(self, "_kvdrain_sampled", None)
         if last is None:
-            if not (held_blocks or waiting or calling):
+            if not busy:
                 return
         elif (
             last[0] == held_blocks
@@ -145,7 +146,6 @@ class KvdrainStats(NixlKVConnectorStats):
         self.data[GAUGES["held_blocks"]].append([rank, held_blocks])
         self.data[GAUGES["oldest_receive_age_seconds"]].append([rank, oldest_age_s])
         self.data[GAUGES["nixl_oldest_call_seconds"]].append([rank, oldest_call_s])
-        busy = bool(held_blocks or waiting or calling)
         self._kvdrain_sampled = (held_blocks, waiting, calling, now_ms) if busy else None
 
     def record_nixl_stalls(self, stalls: int) -> None:
