@@ -3,7 +3,10 @@
 Run as a script (``python tests/vllm_compat.py``, in that release's environment): prints
 the plugin's gate comparison for the installed vLLM, every difference on its own line
 (nothing stops before all are printed), and exits 1 if the release is outside the
-supported set or anything differs.
+supported set or anything differs. Then whether the plugin answers vLLM's idle engine
+step itself (``kvdrain.vllm._idle_step``): a release whose step's source is not one read
+runs vLLM's step every step, correct but slower, and the digest printed is the one to read
+and add.
 
 Loaded as a pytest plugin (``-p vllm_compat``): the directed suite then runs the plugin
 under a release its gate would refuse, so that the suite says what else differs. The
@@ -53,6 +56,19 @@ def report() -> int:
         print(f"  differs: {line}")
     if not found:
         print("  no difference")
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
+        NixlPushConnectorWorker,
+    )
+
+    from kvdrain.vllm import _idle_step
+
+    why = _idle_step.unread(NixlPushConnectorWorker)
+    print(
+        "idle step: answered by the plugin (its path read as vLLM "
+        f"{_idle_step.READ[_idle_step.digest(NixlPushConnectorWorker)]}'s)"
+        if why is None
+        else f"idle step: vLLM's own, every step: {why}"
+    )
     return 0 if supported and not found else 1
 
 

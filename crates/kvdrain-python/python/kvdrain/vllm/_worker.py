@@ -22,6 +22,7 @@ from kvdrain._kvdrain import PushPlan, encode_cancel
 from kvdrain.vllm import _gate
 from kvdrain.vllm._clock import RankClock
 from kvdrain.vllm._decode import DecodeReport, DecodeSide, VllmReceives
+from kvdrain.vllm._idle_step import IdleStep, unread
 from kvdrain.vllm._metrics import KvdrainStats
 from kvdrain.vllm._nixl_tap import NixlTap
 from kvdrain.vllm._nixl_watch import CallWatch
@@ -92,6 +93,22 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         self._kvdrain_forwarded: Sized | None = (
             forwarded.queue if isinstance(forwarded, queue.Queue) else None
         )
+        # vLLM's step is answered here on a step with nothing for it, where its code is
+        # the code read for that (kvdrain.vllm._idle_step).
+        self._kvdrain_idle: IdleStep | None = None
+        why = unread(type(self))
+        if why is None:
+            self._kvdrain_idle = IdleStep(
+                forwarded=self._pending_completion_notifs,
+                receives_done=self._recving_transfers,
+                receives_failed=self._failed_recv_reqs,
+                receive_failures=self._recv_failures,
+                pcp_done_sending=self._replicated_pcp_done_sending,
+                leases=self._reqs_to_send,
+                pushes=self._sending_transfers,
+            )
+        else:
+            logger.info("kvdrain: vLLM's get_transfer_results runs every step: %s", why)
         # Before register_kv_caches starts the writer thread: it drains when idle too.
         self._push_writer_wake = BoundedWake.around(self._push_writer_wake)
         logger.info(
@@ -202,13 +219,22 @@ class KvdrainPushWorker(NixlPushConnectorWorker):
         stalls = watch.take_stalls()
         if stalls:
             stats.record_nixl_stalls(stalls)
-        results = decode.tell(report, self._kvdrain_vllm, super().get_transfer_results)
+        results = decode.tell(report, self._kvdrain_vllm, self._kvdrain_vllm_step)
         prefill = self.kvdrain_prefill
         prefill.release_sources(results.finished_sending)
         owed = prefill.take_owed()
         if owed:
             self._kvdrain_send(owed)
         return results
+
+    def _kvdrain_vllm_step(self) -> KVConnectorTransferResults:
+        """vLLM's ``get_transfer_results``, or on a step with nothing for it what that
+        would do: wake the writer thread, and report nothing."""
+        idle = self._kvdrain_idle
+        if idle is not None and idle.idle():
+            self._push_writer_wake.set()
+            return KVConnectorTransferResults()
+        return super().get_transfer_results()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.kvdrain_decode.drop_reported(super().get_block_ids_with_load_errors())
