@@ -645,14 +645,18 @@ class DecodeSide:
                 self._closed.popitem(last=False)
 
     def _completed(self, rid: str, report: DecodeReport) -> None:
-        phase = self.phase(rid)
-        if phase == "held":
+        # The path most receives take, once each: one lookup, the count kept inline.
+        rec = self._receives.get(rid)
+        if rec is None:
+            return
+        if rec.phase == "held":
             # vLLM failed it on this rank; every write has landed now: release it.
             self._released(rid, [], report, "resolved")
-        elif phase is not None:
-            self._set_phase(rid, None)
-            report.count("decisions_completed")
-            report.completed.append(rid)
+            return
+        self._set_phase(rid, None, rec)
+        counts = report.counts
+        counts["decisions_completed"] = counts.get("decisions_completed", 0) + 1
+        report.completed.append(rid)
 
     def _decided(self, rec: _Receive, d: Decision) -> None:
         if rec.outcome is not None:
@@ -724,10 +728,12 @@ class DecodeSide:
         self._held_blocks += rec.blocks()
         return rec
 
-    def _set_phase(self, rid: str, phase: Phase | None) -> None:
+    def _set_phase(self, rid: str, phase: Phase | None, rec: _Receive | None = None) -> None:
         """The one place a tracked receive changes phase, or (``None``) is reported and
-        forgotten: the waiting order and the held-blocks gauge follow."""
-        rec = self._receives[rid]
+        forgotten: the waiting order and the held-blocks gauge follow. ``rec``: its
+        record, when the caller holds it already."""
+        if rec is None:
+            rec = self._receives[rid]
         if rec.phase == "waiting":
             if phase == "waiting":
                 return
@@ -737,7 +743,8 @@ class DecodeSide:
         elif phase is None:
             self._held_blocks -= rec.blocks()
         if phase is None:
-            self._close(rid, rec)
+            if rec.lifetime_end_ms is not None:
+                self._close(rid, rec)
             del self._receives[rid]
         else:
             rec.phase = phase
