@@ -193,10 +193,60 @@ class EngineError(RuntimeError):
     """An engine process answered a command with an error, or not at all."""
 
 
+class EngineTimeout(EngineError):
+    """An engine gave no answer within a call's bound: it hung, or the host froze."""
+
+
 HOST_STALL_S = 5.0
 """A call to an engine that takes this long is a stall: every call the suites make
 answers in milliseconds, but a loaded host has frozen an engine process for 27 s
-(neither its engine thread nor its writer thread ran, and no NIXL call was in flight)."""
+(neither its engine thread nor its writer thread ran, and no NIXL call was in flight),
+and the whole host for 156 s (docs/limits.md, "Frozen engines")."""
+
+
+class HostClock:
+    """A thread of the test process that wakes every :data:`TICK_S`: a gap between two
+    of its wakes of ``stall_s`` (:data:`HOST_STALL_S`) or more means this process did not run either,
+    so the host froze, not one engine (an engine that hangs alone leaves no gap here).
+    Started on first use; one per process (:data:`HOST`)."""
+
+    TICK_S = 0.1
+
+    def __init__(self, stall_s: float = HOST_STALL_S) -> None:
+        self.stall_s = stall_s
+        self._lock = threading.Lock()
+        self._last = time.monotonic()
+        self._gaps: list[tuple[float, float]] = []  # (when it ended, seconds)
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._last = time.monotonic()
+                self._thread = threading.Thread(target=self._tick, name="host-clock", daemon=True)
+                self._thread.start()
+
+    def _tick(self) -> None:
+        while True:
+            time.sleep(self.TICK_S)
+            with self._lock:
+                now = time.monotonic()
+                if now - self._last >= self.stall_s:
+                    self._gaps.append((now, now - self._last))
+                self._last = now
+
+    def froze_since(self, t0: float) -> float:
+        """The longest gap that ended after ``t0`` (``time.monotonic``), counting the
+        one going on now: 0.0 when the host ran throughout."""
+        with self._lock:
+            now = time.monotonic()
+            gaps = [s for end, s in self._gaps if end > t0]
+            if now - self._last >= self.stall_s:
+                gaps.append(now - self._last)
+        return max(gaps, default=0.0)
+
+
+HOST = HostClock()
 
 
 class EngineProc:
@@ -274,7 +324,7 @@ class EngineProc:
             self.dump_stacks()
             tail = self.tail(200)
             where = self.dump_native_stacks()
-            raise EngineError(
+            raise EngineTimeout(
                 f"{self.engine_id}: no answer in {timeout_s} s; native stacks in {where}; {tail}"
             ) from e
         if line is None:
@@ -329,7 +379,7 @@ class EngineProc:
             try:
                 line = self._lines.get(timeout=timeout_s)
             except queue.Empty:
-                raise EngineError(
+                raise EngineTimeout(
                     f"{self.engine_id}: still no answer to {self._late} earlier call(s)"
                 ) from None
             if line is None:

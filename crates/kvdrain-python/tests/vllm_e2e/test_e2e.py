@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from e2e import EngineProc, run_until
+from e2e import HOST, HOST_STALL_S, EngineError, EngineProc, EngineTimeout, HostClock, run_until
 from report import ScenarioLine, SchedulerReport, line_json, report_of, told_once
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -132,24 +132,42 @@ STALL_TRIES = 3
 """Tries of a scenario whose failed tries each saw a host stall."""
 
 
+def stalled_try(
+    failure: BaseException, stalls: list[tuple[str, str, float]], host_froze_s: float
+) -> bool:
+    """Whether a failed try is the host's, not the code's: an assertion failed in a try
+    during which a call took :data:`~e2e.HOST_STALL_S` or more or the test process itself
+    froze; or an engine gave no answer (:class:`~e2e.EngineTimeout`) while the test
+    process froze too, so the whole host did (an engine that hangs alone fails at
+    once). Anything else (an engine's error, a process that ended) is the code's."""
+    if isinstance(failure, EngineTimeout):
+        return host_froze_s >= HOST_STALL_S
+    if isinstance(failure, AssertionError):
+        return bool(stalls) or host_froze_s >= HOST_STALL_S
+    return False
+
+
 def unless_host_stalled(scenario: Callable[..., None]) -> Callable[..., None]:
-    """Runs ``scenario`` again when it failed in a try during which the host stalled an
-    engine (a call took :data:`~e2e.HOST_STALL_S` or more), up to :data:`STALL_TRIES`
-    times. What a scenario asserts of timing (a completion within the deadline, a
-    decision by a given cause) assumes engines that run; a frozen one is not the code
-    under test. Each such try is reported (``host_stall``) with the stalled calls, and
-    a failure with no stall in its try fails at once."""
+    """Runs ``scenario`` again when a try failed because the host stalled
+    (:func:`stalled_try`), up to :data:`STALL_TRIES` times. What a scenario asserts of
+    timing (a completion within the deadline, a decision by a given cause) assumes
+    engines that run; a frozen one is not the code under test. Each such try is reported
+    (``host_stall``) with the stalled calls and how long the host froze; any other
+    failure fails at once. A retry first settles every engine, reading the replies a
+    frozen engine owes (:meth:`~e2e.EngineProc.call` drops them)."""
 
     @functools.wraps(scenario)
     def tries(engines: Engines, **params: Any) -> None:
+        HOST.start()
         for attempt in range(1, STALL_TRIES + 1):
-            seen = len(engines.stalls())
+            seen, t0 = len(engines.stalls()), time.monotonic()
             try:
                 scenario(engines, **params)
                 return
-            except AssertionError as e:
+            except (AssertionError, EngineTimeout) as e:
                 stalls = engines.stalls()[seen:]
-                if not stalls or attempt == STALL_TRIES:
+                froze = HOST.froze_since(t0)
+                if not stalled_try(e, stalls, froze) or attempt == STALL_TRIES:
                     raise
                 _write(
                     {
@@ -158,12 +176,37 @@ def unless_host_stalled(scenario: Callable[..., None]) -> Callable[..., None]:
                         **params,
                         "try": attempt,
                         "stalls": stalls,
+                        "host_froze_s": round(froze, 1),
                         "failure": str(e).splitlines()[0][:200],
                     }
                 )
                 engines.settle()
 
     return tries
+
+
+def test_a_failed_try_is_the_host_s_only_with_evidence_of_a_freeze() -> None:
+    slow_call = [("D-plugin", "step", 6.1)]
+    assert stalled_try(AssertionError(), slow_call, 0.0)
+    assert stalled_try(AssertionError(), [], HOST_STALL_S)  # this process froze too
+    assert not stalled_try(AssertionError(), [], 0.0)
+    assert stalled_try(EngineTimeout("no answer"), [], 156.0)  # the whole host froze
+    assert not stalled_try(EngineTimeout("no answer"), slow_call, 0.0)  # it hung alone
+    assert not stalled_try(EngineError("process ended"), slow_call, 156.0)
+
+
+def test_the_host_clock_sees_a_gap_in_its_own_process() -> None:
+    clock = HostClock(stall_s=1.0)
+    clock.start()
+    t0 = time.monotonic()
+    time.sleep(0.3)
+    assert clock.froze_since(t0) == 0.0
+    with clock._lock:  # its thread cannot run, as in a frozen host
+        time.sleep(1.5)
+    time.sleep(0.3)
+    froze = clock.froze_since(t0)
+    assert 1.0 <= froze < 5.0
+    assert clock.froze_since(time.monotonic()) == 0.0  # that gap ended before
 
 
 @pytest.fixture(scope="module")
