@@ -87,17 +87,8 @@ UNTIMED = "plugin, untimed"
 def worker(
     which: str, capacity: int, record_dir: str | None = None, stall_ms: int = 5_000
 ) -> object:
-    cfg = harness.vllm_config(which, tp=1)
-    return harness.make_worker(
+    return harness.one_rank_worker(
         which,
-        cfg,
-        tp_rank=0,
-        world_size=1,
-        engine_id=harness.D_ENGINE,
-        remote_engine=harness.P_ENGINE,
-        remote_tp=1,
-        remote_agents={(0, 0): "P0"},
-        clock=harness.Clock(),
         settings=Settings(
             480_000, 60_000, 5_000, capacity, record_dir=record_dir, nixl_stall_ms=stall_ms
         ),

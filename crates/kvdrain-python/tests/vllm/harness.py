@@ -361,6 +361,26 @@ def make_worker(
     return w
 
 
+def one_rank_worker(
+    which: str, *, config: VllmConfig | None = None, settings: Settings | None = None
+) -> NixlPushConnectorWorker:
+    """:func:`make_worker` for the smallest layout: one D rank (TP 1) of :data:`D_ENGINE`
+    facing one P rank of :data:`P_ENGINE` (agent ``P0``), on a fresh :class:`Clock`.
+    ``config``: vLLM's config, :func:`vllm_config` of ``which`` unless given."""
+    return make_worker(
+        which,
+        config or vllm_config(which, tp=1),
+        tp_rank=0,
+        world_size=1,
+        engine_id=D_ENGINE,
+        remote_engine=P_ENGINE,
+        remote_tp=1,
+        remote_agents={(0, 0): "P0"},
+        clock=Clock(),
+        settings=settings,
+    )
+
+
 def writer_round(w: NixlPushConnectorWorker) -> None:
     """One round of the worker's writer thread, run inline (deterministic): the body of
     vLLM's writer loop (0.33 and 0.34 alike), steps 1 and 4 (the registrations to send,

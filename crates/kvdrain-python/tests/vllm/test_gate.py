@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import vllm
-from harness import CONTROL, Clock, make_worker, vllm_config
+from harness import CONTROL, one_rank_worker, vllm_config
 from vllm_cpu import PLUGIN
 
 from kvdrain.vllm import _gate
@@ -94,17 +94,7 @@ def test_the_plugin_refuses_a_pretend_next_release_naming_each_difference() -> N
 def test_a_built_worker_without_an_attribute_the_plugin_uses_is_refused(name: str) -> None:
     """vLLM's worker, built (as the harness builds it), then one attribute removed: the
     plugin refuses to adopt it, naming the attribute."""
-    w = make_worker(
-        CONTROL,
-        vllm_config(PLUGIN, tp=1),
-        tp_rank=0,
-        world_size=1,
-        engine_id="engine-D",
-        remote_engine="engine-P",
-        remote_tp=1,
-        remote_agents={(0, 0): "P0"},
-        clock=Clock(),
-    )
+    w = one_rank_worker(CONTROL, config=vllm_config(PLUGIN, tp=1))
     KvdrainPushWorker.kvdrain_attach(w, Settings(60_000, 60_000, 5_000, 256))
     delattr(w, name)
     with pytest.raises(_gate.UnsupportedVllmError) as e:

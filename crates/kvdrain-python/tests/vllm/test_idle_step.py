@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from harness import Clock, make_worker, vllm_config
+from harness import Clock, one_rank_worker
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
     NixlPushConnectorWorker,
@@ -26,17 +26,7 @@ from kvdrain.vllm.connector import KvdrainPushWorker
 
 
 def plugin_worker() -> KvdrainPushWorker:
-    w = make_worker(
-        PLUGIN,
-        vllm_config(PLUGIN, tp=1),
-        tp_rank=0,
-        world_size=1,
-        engine_id="engine-D",
-        remote_engine="engine-P",
-        remote_tp=1,
-        remote_agents={(0, 0): "P0"},
-        clock=Clock(),
-    )
+    w = one_rank_worker(PLUGIN)
     assert isinstance(w, KvdrainPushWorker)
     return w
 
