@@ -206,9 +206,9 @@ and the whole host for 156 s (docs/limits.md, "Frozen engines")."""
 
 class HostClock:
     """A thread of the test process that wakes every :data:`TICK_S`: a gap between two
-    of its wakes of ``stall_s`` (:data:`HOST_STALL_S`) or more means this process did not run either,
-    so the host froze, not one engine (an engine that hangs alone leaves no gap here).
-    Started on first use; one per process (:data:`HOST`)."""
+    of its wakes of ``stall_s`` (:data:`HOST_STALL_S`) or more means this process did
+    not run either, so the host froze, not one engine (an engine that hangs alone leaves
+    no gap here). Started on first use; one per process (:data:`HOST`)."""
 
     TICK_S = 0.1
 
