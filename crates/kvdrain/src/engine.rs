@@ -10,6 +10,7 @@
 //! | `poll.rs` | decisions out: `poll_decision`, `poll_recorded`, the queued ones |
 //! | `decide.rs` | a drained or timed-out request decided, settled, released and retired |
 //! | `record.rs` | the history kept when something goes wrong, and the [`Record`](crate::Record) read from it |
+//! | `refused_hold.rs` | the blocks of a refused registration, held for a quarantine |
 
 use crate::counters::EngineCounters;
 use crate::owner::Owner;
@@ -34,10 +35,11 @@ impl<'l, const N: usize, const E: usize> Engine<'l, N, E> {
         self.owner.now
     }
 
-    /// When the next deadline, settle end or quarantine end falls: the time to
-    /// [`advance`](Self::advance) to next, if nothing else happens first.
+    /// When the next deadline, settle end, quarantine end or [refused
+    /// hold](Self::hold_refused)'s end falls: the time to [`advance`](Self::advance) to
+    /// next, if nothing else happens first.
     pub fn next_timer(&self) -> Option<Instant> {
-        self.owner.timers.next_due()
+        self.owner.next_timer()
     }
 
     /// Counters of this half.

@@ -7,6 +7,7 @@ use crate::engine::Engine;
 use crate::error::{AbortError, ClockError, Ignored, RegisterError};
 use crate::ingest::{Ingest, IngestOwn, Noticed};
 use crate::owner::Owner;
+use crate::refused_hold::RefusedHold;
 use crate::shared::Shared;
 use crate::ticket::{AgentId, Decision, Pending, Quarantined, Registration};
 use crate::time::Instant;
@@ -160,7 +161,23 @@ impl<const N: usize, const E: usize> Ledger<N, E> {
         self.owner.now()
     }
 
-    /// When the next deadline, settle end or quarantine end falls, if any request has one.
+    /// [`Engine::hold_refused`] on one thread.
+    pub fn hold_refused(&mut self) -> RefusedHold {
+        self.engine_half().hold_refused()
+    }
+
+    /// [`Engine::poll_refused_release`] on one thread.
+    pub fn poll_refused_release(&mut self) -> Option<RefusedHold> {
+        self.engine_half().poll_refused_release()
+    }
+
+    /// Refused holds taken and not handed out as released ([`Engine::hold_refused`]).
+    pub fn refused_holds(&self) -> u64 {
+        self.owner.refused.len()
+    }
+
+    /// When the next deadline, settle end, quarantine end or refused hold's end falls, if
+    /// any.
     pub fn next_timer(&self) -> Option<Instant> {
         self.owner.next_timer()
     }

@@ -77,6 +77,12 @@
 //!    already handed to its transport keep landing. Use [`fence`](Engine::fence), which
 //!    releases without settling, only when the transport can prove that nothing more of
 //!    that producer's can land.
+//! 8. When a registration was refused but producers may write into its blocks anyway
+//!    (another rank's registration of the same request let them), hand the ledger the
+//!    wait with [`hold_refused`](Engine::hold_refused), keep the blocks in a queue, and
+//!    after each `advance` pull [`poll_refused_release`](Engine::poll_refused_release)
+//!    until `None`: each end frees the front of the queue, a quarantine after the
+//!    refusal. A hold changes no request, and the spec's `rejected` stays true.
 //!
 //! Pull after every event and the ledger behaves as if decisions left the moment they were
 //! taken. A caller that pulls later gets the same decisions in the same order, but a
@@ -236,6 +242,7 @@ mod poll;
 pub mod producer;
 mod ready;
 mod record;
+mod refused_hold;
 mod register;
 mod shared;
 mod slot;
@@ -255,6 +262,7 @@ pub use error::{AbortError, ClockError, IgnoreReason, Ignored, RegisterError, Re
 pub use ingest::{Ingest, Noticed};
 pub use ledger::Ledger;
 pub use record::{EdgeOutcome, Ended, FailureCause, Record, Recorded, RecordedEdges, Split};
+pub use refused_hold::{REFUSED_HOLD_ENDS, RefusedHold};
 pub use ticket::{
     AgentId, BlockHandle, Decision, Drained, Expect, Failed, Outstanding, Pending, QuarantineCause,
     Quarantined, Registration, Released, RequestKey,

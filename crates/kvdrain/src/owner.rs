@@ -6,6 +6,7 @@ use crate::config::Config;
 use crate::counters::EngineCounters;
 use crate::decided::Decided;
 use crate::fingerprint::Fingerprint;
+use crate::refused_hold::RefusedHolds;
 use crate::time::Instant;
 use crate::timers::Timers;
 use crate::tombstones::TombstoneAges;
@@ -152,6 +153,8 @@ pub(crate) struct Owner<const N: usize> {
     /// Decisions taken and not handed out yet, oldest first; a slot goes back to `free`
     /// when its last one is handed out.
     pub(crate) decided: Decided<N>,
+    /// The blocks of refused registrations, held for a quarantine (`refused_hold.rs`).
+    pub(crate) refused: RefusedHolds,
 }
 
 impl<const N: usize> Owner<N> {
@@ -171,6 +174,7 @@ impl<const N: usize> Owner<N> {
             batch: [0; N],
             counters: EngineCounters::default(),
             decided: Decided::new(),
+            refused: RefusedHolds::new(),
         }
     }
     pub(crate) fn now(&self) -> Instant {
@@ -185,8 +189,12 @@ impl<const N: usize> Owner<N> {
     pub(crate) fn counters(&self) -> &EngineCounters {
         &self.counters
     }
+    /// The next deadline, settle end, quarantine end or refused hold's end.
     pub(crate) fn next_timer(&self) -> Option<Instant> {
-        self.timers.next_due()
+        match (self.timers.next_due(), self.refused.next_end()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
     /// Returns `slot` to the free list: its last decision is being handed out.
     #[inline]
