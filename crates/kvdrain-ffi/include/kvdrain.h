@@ -517,6 +517,15 @@ typedef struct kvdrain_record {
   uint8_t forced;
 } kvdrain_record;
 
+// One refused hold: its number (holds are numbered from 0 in the order they were taken,
+// and end in that order) and when its blocks come back.
+typedef struct kvdrain_refused_hold {
+  // The holds taken before this one.
+  uint64_t number;
+  // When it ends, on the engine's clock (ms); `UINT64_MAX`: never.
+  uint64_t until_ms;
+} kvdrain_refused_hold;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -941,6 +950,31 @@ kvdrain_status kvdrain_encode_failure_notice(const uint8_t *id,
 kvdrain_status kvdrain_engine_record(struct kvdrain_engine *engine,
                                      uint64_t key,
                                      struct kvdrain_record *out);
+
+// Holds the blocks of a registration this ledger refused that producers may write into
+// all the same (on a decode engine of several ranks, another rank's registration of the
+// same request let them): the hold ends `quarantine_ms` after the clock (the last
+// `kvdrain_engine_advance`), rounded up to a 61st of the quarantine (at least 1 ms).
+// Keep your blocks handle in a queue, in this order: `kvdrain_engine_poll_refused_releases`
+// hands the ends out in it. Writes the hold to `*out` unless NULL. Changes no request;
+// never refuses. Engine thread.
+//
+// # Safety
+// `engine` is NULL or a live engine handle; `out` is NULL or writable.
+kvdrain_status kvdrain_engine_hold_refused(struct kvdrain_engine *engine,
+                                           struct kvdrain_refused_hold *out);
+
+// Takes out the refused holds whose end the clock has reached, oldest first: `*n` is the
+// room in `out` on entry and the number written on return; each frees the front of your
+// queue (a forced release). When `*n` comes back equal to the room given, more may wait:
+// call again. Nothing is allocated. Engine thread.
+//
+// # Safety
+// `engine` is NULL or a live engine handle; `n` is NULL or points to the room in `out`;
+// `out` is writable for that many holds (it may be NULL when the room is 0).
+kvdrain_status kvdrain_engine_poll_refused_releases(struct kvdrain_engine *engine,
+                                                    struct kvdrain_refused_hold *out,
+                                                    size_t *n);
 
 // A static, NUL-terminated English message for `status` (any value: unknown ones get
 // "unknown status"). Never NULL, never freed. Any thread.

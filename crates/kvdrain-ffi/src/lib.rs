@@ -55,6 +55,10 @@
 //!    `kvdrain_engine_gone(agent)`, then poll: its edges fail now and their blocks settle,
 //!    because its bytes already handed to the transport keep landing.
 //!    `kvdrain_engine_fence` only when the transport proves nothing more of it can land.
+//! 8. A registration refused whose blocks producers may write into all the same (another
+//!    rank's registration let them): `kvdrain_engine_hold_refused`, your blocks handle
+//!    kept in a queue; after each advance, `kvdrain_engine_poll_refused_releases`: each
+//!    hold it hands out frees the front of the queue, a quarantine after the refusal.
 //!
 //! ## Threads
 //!
@@ -108,6 +112,7 @@ mod ingest;
 mod ledger;
 mod producer;
 mod record;
+mod refused_hold;
 mod status;
 mod tickets;
 
@@ -144,6 +149,9 @@ pub use producer::{
 pub use record::{
     KVDRAIN_NO_TIME, kvdrain_engine_record, kvdrain_failure_cause, kvdrain_record,
     kvdrain_record_edge, kvdrain_record_edge_outcome, kvdrain_record_ended,
+};
+pub use refused_hold::{
+    kvdrain_engine_hold_refused, kvdrain_engine_poll_refused_releases, kvdrain_refused_hold,
 };
 pub use status::{kvdrain_status, kvdrain_status_str};
 

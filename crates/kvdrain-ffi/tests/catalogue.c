@@ -1,9 +1,9 @@
 /*
  * The C ABI against the failure catalogue (docs/protocol.md): C2 in both orders,
- * duplicates, unknown ids, garbage bytes, a full table, abort, deadline, fence, gone,
- * settling (from the last advance, or from a notice's arrival), the record of a decision,
- * handle misuse, the producer's owed notices, and two threads feeding and polling at once
- * (>= 10^5 requests, no decision lost or doubled).
+ * duplicates, unknown ids, garbage bytes, a full table and a refused hold, abort,
+ * deadline, fence, gone, settling (from the last advance, or from a notice's arrival),
+ * the record of a decision, handle misuse, the producer's owed notices, and two threads
+ * feeding and polling at once (>= 10^5 requests, no decision lost or doubled).
  *
  * Built by `make c-test` with -fsanitize=address,undefined against the static library,
  * and once more against the installed library through pkg-config. Prints
@@ -294,6 +294,49 @@ static void test_full_table_and_bad_registrations(void) {
     cfg.capacity = KVDRAIN_MAX_CAPACITY + 1;
     EXPECT(kvdrain_ledger_new(&cfg, &l), KVDRAIN_ERR_INVALID);
     CHECK(l == NULL);
+}
+
+/* A refusal whose blocks producers may write into anyway (another rank let them): the
+ * ledger's clock holds them a quarantine, rounded up to a 61st of it, and hands the ends
+ * out in order, into an array; the caller's queue of handles follows the numbers. */
+static void test_refused_hold(void) {
+    fixture f = open_ledger(1, 30000, 1000); /* granule 17 ms */
+    OK(reg(&f, "a", 1, 1, NULL, 0, 0, NULL));
+    EXPECT(reg(&f, "b", 2, 1, NULL, 0, 0, NULL), KVDRAIN_ERR_FULL);
+    OK(kvdrain_engine_advance(f.engine, 10));
+    uint64_t queue[3] = {2, 3, 4};
+    kvdrain_refused_hold h[3];
+    OK(kvdrain_engine_hold_refused(f.engine, &h[0]));
+    OK(kvdrain_engine_hold_refused(f.engine, &h[1]));
+    OK(kvdrain_engine_advance(f.engine, 100));
+    OK(kvdrain_engine_hold_refused(f.engine, NULL)); /* the hold without its end */
+    CHECK(h[0].number == 0 && h[1].number == 1);
+    CHECK(h[0].until_ms == 1020 && h[1].until_ms == 1020); /* 1010, up to 17 * 60 */
+    kvdrain_engine_info info;
+    OK(kvdrain_engine_get_info(f.engine, &info));
+    CHECK(info.tracked == 1 && info.next_timer_ms == 1020);
+    size_t n = 3;
+    OK(kvdrain_engine_advance(f.engine, 1019));
+    OK(kvdrain_engine_poll_refused_releases(f.engine, h, &n));
+    CHECK(n == 0);
+    OK(kvdrain_engine_advance(f.engine, 1020));
+    n = 1; /* room for one: the second waits */
+    OK(kvdrain_engine_poll_refused_releases(f.engine, h, &n));
+    CHECK(n == 1 && h[0].number == 0 && queue[h[0].number] == 2);
+    n = 3;
+    OK(kvdrain_engine_poll_refused_releases(f.engine, h, &n));
+    CHECK(n == 1 && h[0].number == 1);
+    OK(kvdrain_engine_advance(f.engine, 1105)); /* 1100 rounded up to 1105 */
+    n = 3;
+    OK(kvdrain_engine_poll_refused_releases(f.engine, h, &n));
+    CHECK(n == 1 && h[0].number == 2 && h[0].until_ms == 1105 && queue[2] == 4);
+    kvdrain_decision d[2];
+    CHECK(poll_all(&f, d, 2, 2) == 0); /* no decision: a hold changes no request */
+    n = 1;
+    EXPECT(kvdrain_engine_poll_refused_releases(f.engine, NULL, &n), KVDRAIN_ERR_NULL);
+    EXPECT(kvdrain_engine_poll_refused_releases(f.engine, h, NULL), KVDRAIN_ERR_NULL);
+    EXPECT(kvdrain_engine_hold_refused(NULL, NULL), KVDRAIN_ERR_NULL);
+    close_ledger(&f);
 }
 
 static void test_abort(void) {
@@ -1262,6 +1305,7 @@ int main(void) {
     RUN(test_unknown_and_late_ids);
     RUN(test_garbage_changes_nothing_else);
     RUN(test_full_table_and_bad_registrations);
+    RUN(test_refused_hold);
     RUN(test_abort);
     RUN(test_deadline);
     RUN(test_fence);
