@@ -21,7 +21,7 @@ use crate::errors::{
 use crate::feed::BatchReader;
 use crate::lock::lock;
 use crate::requests::{Agents, Entry};
-use crate::tracker::{self, BuildError, EDGES, Refusal, Taken, Tracker};
+use crate::tracker::{self, BuildError, EDGES, Held, Refusal, Taken, Tracker};
 
 fn invalid_argument(why: String) -> PyErr {
     InvalidArgumentError::new_err(why)
@@ -562,6 +562,35 @@ impl PyLedger {
         let now_ms = args::unsigned(now_ms, "now_ms", invalid_argument)?;
         let taken = self.tracker.advance(py, now_ms).map_err(clock_backwards)?;
         self.decisions(py, taken)
+    }
+
+    /// Holds the blocks of a receive this ledger refused (`register` raised `FullError`,
+    /// say) that producers may write into all the same, because another rank's
+    /// registration of the same request let them. The ledger's clock times the hold: it
+    /// ends `quarantine_ms` after the clock (the last `advance`), rounded up to a granule
+    /// of a 61st of the quarantine (at least 1 ms), and `poll_refused_releases` hands
+    /// `(request_id, blocks)` back once an `advance` reaches it. Returns that end (ms).
+    /// Changes no tracked request; never refuses.
+    fn hold_refused(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyString>,
+        blocks: &Bound<'_, PyAny>,
+    ) -> u64 {
+        self.tracker.hold_refused(
+            py,
+            Held {
+                id: request_id.clone().unbind(),
+                blocks: blocks.clone().unbind(),
+            },
+        )
+    }
+
+    /// The refused receives (`hold_refused`) whose hold the clock has reached, oldest
+    /// first, as `(request_id, blocks)`: their blocks are free (a forced release).
+    fn poll_refused_releases<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let held = self.tracker.poll_refused_releases(py);
+        PyList::new(py, held.into_iter().map(|h| (h.id, h.blocks)))
     }
 
     /// Aborts a request: returns its `aborted` decision (its blocks stay fenced until a

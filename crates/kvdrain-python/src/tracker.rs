@@ -10,6 +10,7 @@
 //! [`Tracker`] erases `N` so that one Python class can hold any table size; each method
 //! works on a whole batch, so the dynamic call is paid once per batch.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use kvdrain::{
@@ -142,11 +143,24 @@ pub(crate) trait Tracker: Send + Sync {
     /// Visits every Python object the engine side holds (`tp_traverse`). Skips them if
     /// the engine half is locked right now: unvisited references only keep objects alive.
     fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError>;
-    /// Takes out every registration (`tp_clear`: the ledger is unreachable), or nothing if
-    /// the engine half is locked right now.
-    fn clear(&self) -> Vec<Entry>;
+    /// Takes out every registration and refused hold (`tp_clear`: the ledger is
+    /// unreachable), or nothing if the engine half is locked right now.
+    fn clear(&self) -> (Vec<Entry>, Vec<Held>);
     /// Clock, next timer, requests tracked.
     fn clock(&self, py: Python<'_>) -> (u64, Option<u64>, usize);
+    /// The core's `hold_refused`, with the held receive kept in its queue; returns when
+    /// it ends (ms).
+    fn hold_refused(&self, py: Python<'_>, held: Held) -> u64;
+    /// The refused holds whose end the clock reached, oldest first, out of the queue.
+    fn poll_refused_releases(&self, py: Python<'_>) -> Vec<Held>;
+}
+
+/// A receive the core refused and holds for its quarantine (`Engine::hold_refused`): what
+/// the caller gave, handed back when the hold ends.
+#[derive(Debug)]
+pub(crate) struct Held {
+    pub(crate) id: Py<PyString>,
+    pub(crate) blocks: Py<PyAny>,
 }
 
 /// What the ingest lock guards.
@@ -162,6 +176,10 @@ struct EngineSide<'l, const N: usize> {
     engine: Engine<'l, N, EDGES>,
     /// Live registrations by request key.
     requests: Requests,
+    /// Refused receives held, by hold number from `refused_front` on: the core keeps
+    /// their ends, this side what they hold.
+    refused: VecDeque<Held>,
+    refused_front: u64,
 }
 
 #[derive(Debug)]
@@ -224,7 +242,12 @@ pub(crate) fn build<const N: usize>(config: Config) -> Result<Box<dyn Tracker>, 
                                 ingest,
                                 not_bytes: 0,
                             }),
-                            engine: Mutex::new(EngineSide { engine, requests }),
+                            engine: Mutex::new(EngineSide {
+                                engine,
+                                requests,
+                                refused: VecDeque::new(),
+                                refused_front: 0,
+                            }),
                         }
                     },
                 }
@@ -562,14 +585,18 @@ impl<const N: usize> Tracker for Halves<N> {
                 visit.call(&entry.id)?;
                 visit.call(&entry.blocks)?;
             }
+            for held in &side.refused {
+                visit.call(&held.id)?;
+                visit.call(&held.blocks)?;
+            }
             Ok(())
         })
     }
 
-    fn clear(&self) -> Vec<Entry> {
+    fn clear(&self) -> (Vec<Entry>, Vec<Held>) {
         self.with_sides(|sides| match sides.engine.try_lock() {
-            Ok(mut side) => side.requests.take_all(),
-            Err(_) => Vec::new(),
+            Ok(mut side) => (side.requests.take_all(), side.refused.drain(..).collect()),
+            Err(_) => (Vec::new(), Vec::new()),
         })
     }
 
@@ -581,6 +608,29 @@ impl<const N: usize> Tracker for Halves<N> {
                 side.engine.next_timer().map(Instant::millis),
                 side.engine.len(),
             )
+        })
+    }
+
+    fn hold_refused(&self, py: Python<'_>, held: Held) -> u64 {
+        self.with_sides(|sides| {
+            let side = &mut *lock(py, &sides.engine);
+            let hold = side.engine.hold_refused();
+            debug_assert_eq!(hold.number, side.refused_front + side.refused.len() as u64);
+            side.refused.push_back(held);
+            hold.until.millis()
+        })
+    }
+
+    fn poll_refused_releases(&self, py: Python<'_>) -> Vec<Held> {
+        self.with_sides(|sides| {
+            let side = &mut *lock(py, &sides.engine);
+            let mut out = Vec::new();
+            while let Some(hold) = side.engine.poll_refused_release() {
+                debug_assert_eq!(hold.number, side.refused_front);
+                side.refused_front += 1;
+                out.extend(side.refused.pop_front());
+            }
+            out
         })
     }
 }

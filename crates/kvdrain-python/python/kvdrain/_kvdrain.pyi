@@ -168,6 +168,15 @@ class Ledger:
     def advance(self, now_ms: int) -> list[Decision]:
         """Raises ClockBackwardsError for an earlier time, InvalidArgumentError for one
         outside 0..2**64."""
+    def hold_refused(self, request_id: str, blocks: object) -> int:
+        """Holds the blocks of a receive this ledger refused that producers may write into
+        all the same (another rank's registration let them): the hold ends
+        ``quarantine_ms`` after the clock, rounded up to a 61st of it (at least 1 ms).
+        Returns that end (ms); ``poll_refused_releases`` hands the receive back once an
+        ``advance`` reaches it. Changes no tracked request; never refuses."""
+    def poll_refused_releases(self) -> list[tuple[str, object]]:
+        """The refused holds the clock has ended, oldest first, as ``(request_id,
+        blocks)``, each handed back once: its blocks are free."""
     def abort(self, request_id: str, *, now_ms: int | None = None) -> Decision | None:
         """``now_ms``: ``advance(now_ms)`` first (same errors), so the abort and its
         quarantine are dated then; the decisions that move takes stay queued: the next
