@@ -217,8 +217,8 @@ class _Receive:
     invalid: set[int] | None = None
     """The blocks reported invalid at its failure or refusal, until its release."""
     refused_groups: list[list[int]] | None = None
-    """Refused but held (two or more ranks): its blocks, released a quarantine after
-    ``tracked_ms``."""
+    """Refused but held (two or more ranks): its blocks, released when the ledger's hold
+    of them ends (``Ledger.hold_refused``, a quarantine after ``tracked_ms``)."""
 
     def blocks(self) -> int:
         """How many blocks it has, every group (the held-blocks gauge counts them): read
@@ -267,11 +267,11 @@ class DecodeSide:
         # The receives still waiting, oldest registration first (the gauge's oldest age).
         self._waiting: dict[str, None] = {}
         self._held_blocks = 0  # blocks of the receives not waiting
-        # The refused receives held for the quarantine, in the order their holds end.
-        self._refused_held: deque[str] = deque()
         # Blocks vLLM's own failure path reports at a release: the scheduler has finished
         # the request by then (failed, aborted or expired); they are not reported again.
         self._released_blocks: set[int] = set()
+        # Refused receives the ledger holds (`hold_refused`) and has not handed back.
+        self._refused_holds = 0
         # Producers reported lost, from any thread (deque's append and popleft are atomic).
         self._lost: deque[tuple[str, str]] = deque()
         self._seen = dict.fromkeys((*_IGNORED, *_FAILED_EDGES.values()), 0)
@@ -410,11 +410,11 @@ class DecodeSide:
             self.settings.quarantine_ms,
         )
         report.count("decisions_refused")
-        # The ledger refused it, so the ledger cannot time its hold: this side does.
         rec = self._track_held(rid, groups)
         rec.outcome = {"outcome": "refused", "cause": str(e), "decided_ms": self._now}
         rec.refused_groups = groups
-        self._refused_held.append(rid)
+        self.ledger.hold_refused(rid, groups)  # the ledger's clock ends the hold
+        self._refused_holds += 1
         self._report_invalid(rid, groups, report)
         return "held"
 
@@ -578,15 +578,14 @@ class DecodeSide:
             self._apply(d, report)
         if self._lost and self._take_lost(report):
             self._recount = True
-        held, quarantine = self._refused_held, self.settings.quarantine_ms
-        while held:
-            rec = self._receives.get(held[0])
-            groups = None if rec is None else rec.refused_groups
-            if rec is not None and groups is not None and now < rec.tracked_ms + quarantine:
-                break
-            rid = held.popleft()
-            if groups is not None:
-                self._released(rid, groups, report, "forced")
+        if not self._refused_holds:
+            return  # the common step: no call into the ledger for holds
+        for rid, groups in self.ledger.poll_refused_releases():
+            self._refused_holds -= 1
+            rec = self._receives.get(rid)
+            held = None if rec is None else rec.refused_groups
+            if held is not None and held is groups:  # not tracked again since
+                self._released(rid, held, report, "forced")
 
     def _apply(self, d: Decision, report: DecodeReport) -> None:
         rid = d.request_id

@@ -374,6 +374,16 @@ class RecordingLedger:
             self.recorder.decisions(decisions)
         return decisions
 
+    # A refused hold has no trace word: it changes no request, so no decision a replay
+    # checks (the trace has the refusal itself).
+    def hold_refused(self, request_id: str, blocks: object) -> int:
+        with self._lock:
+            return self.inner.hold_refused(request_id, blocks)
+
+    def poll_refused_releases(self) -> list[tuple[str, object]]:
+        with self._lock:
+            return self.inner.poll_refused_releases()
+
     def counters(self) -> dict[str, int]:
         return dict(self.inner.counters())
 
