@@ -12,6 +12,10 @@
 //! until the next pull, which must hand out the same decisions in the same order, and a
 //! registration may be refused as full only where the slots held by those decisions
 //! leave none free.
+//!
+//! Every registration refused as full is held (`hold_refused`), as one rank of several
+//! would: each pull first takes the holds the clock ended, which must come in number
+//! order, none before its quarantine, and none over but kept; at the end none is left.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -24,8 +28,8 @@ use crate::model::{
 use crate::spec_parse::{SpecMessage, spec_parse};
 use kvdrain::{
     AbortError, AgentId, BlockHandle, Config, Decision, Duration, Expect, IgnoreReason, Instant,
-    Ledger, Noticed, Outstanding, Pending, Quarantined, RegisterErrorKind, Registration,
-    RequestKey,
+    Ledger, Noticed, Outstanding, Pending, Quarantined, RefusedHold, RegisterErrorKind,
+    Registration, RequestKey,
 };
 
 /// Slots of the fuzzed ledger (small, so full tables are easy to reach).
@@ -177,6 +181,11 @@ pub fn ledger_ops(data: &[u8]) {
     h.advance(end);
     h.poll();
     assert_eq!(h.ledger.len(), 0, "requests left after every timer ran out");
+    assert_eq!(
+        h.ledger.refused_holds(),
+        0,
+        "holds left after every timer ran out"
+    );
     h.check_rules(usize::MAX, &Op::Poll);
 }
 
@@ -259,6 +268,11 @@ struct Harness {
     defer: bool,
     /// The model's decisions taken and not pulled from the real ledger yet, in order.
     deferred: Vec<MDecision>,
+    /// Every registration refused as full is held (`hold_refused`, as a rank of several
+    /// would): per hold number, the clock it was taken at and the end it was told.
+    holds: Vec<(u64, u64)>,
+    /// Holds whose end the real ledger handed out.
+    holds_out: usize,
 }
 
 /// The model's key for a real one. The model numbers registrations 0, 1, 2, …; the core's
@@ -341,6 +355,8 @@ impl Harness {
             gone_edges: 0,
             defer: false,
             deferred: Vec::new(),
+            holds: Vec::new(),
+            holds_out: 0,
         }
     }
 
@@ -494,6 +510,9 @@ impl Harness {
                     "a refused registration comes back whole"
                 );
                 assert_eq!(e.registration.blocks, BlockHandle(blocks));
+                if e.kind == RegisterErrorKind::Full {
+                    self.hold_refused();
+                }
             }
             (real, model) => panic!("register {id}: real {real:?}, model {model:?}"),
         }
@@ -595,7 +614,40 @@ impl Harness {
         }
     }
 
+    /// Holds the refused registration's blocks: the end is the quarantine from the clock,
+    /// rounded up to less than a granule more.
+    fn hold_refused(&mut self) {
+        let now = self.model.now();
+        let hold = self.ledger.hold_refused();
+        assert_eq!(hold.number, self.holds.len() as u64, "hold number");
+        let end = now + self.quarantine_ms;
+        let granule = RefusedHold::granule(Duration::from_millis(self.quarantine_ms)).millis();
+        let until = hold.until.millis();
+        assert!(
+            end <= until && until < end + granule,
+            "hold until {until}, end {end}"
+        );
+        self.holds.push((now, until));
+    }
+
+    /// The refused holds the clock ended: in number order, none before its quarantine.
+    fn pull_holds(&mut self) {
+        let now = self.model.now();
+        while let Some(out) = self.ledger.poll_refused_release() {
+            assert_eq!(out.number, self.holds_out as u64, "hold out of order");
+            let (taken_at, until) = self.holds[self.holds_out];
+            assert!(now >= taken_at + self.quarantine_ms, "hold released early");
+            assert!(out.until.millis() <= now && out.until.millis() >= until.min(now));
+            self.holds_out += 1;
+        }
+        // What is still held is not over.
+        if let Some(&(_, until)) = self.holds.get(self.holds_out) {
+            assert!(until > now, "hold over at {now} but not handed out");
+        }
+    }
+
     fn poll(&mut self) {
+        self.pull_holds();
         let real: Vec<MDecision> = self.ledger.decisions().map(real_decision).collect();
         let model = self.model.poll();
         let mut expected = core::mem::take(&mut self.deferred);
@@ -606,6 +658,7 @@ impl Harness {
     }
 
     fn pull(&mut self) {
+        self.pull_holds();
         let mut real = Vec::new();
         while let Some(d) = self.ledger.poll_decision() {
             real.push(real_decision(d));
@@ -752,6 +805,18 @@ impl Harness {
             assert!(
                 hint.is_some_and(|t| t <= due),
                 "next_timer {hint:?} later than {due} {}",
+                ctx()
+            );
+        }
+        // Refused holds: what the ledger holds is what was not handed out, and the
+        // wake-up hint is never later than the next end.
+        let held = self.holds.len() - self.holds_out;
+        assert_eq!(self.ledger.refused_holds(), held as u64, "holds {}", ctx());
+        if let Some(&(_, until)) = self.holds.get(self.holds_out) {
+            let hint = self.ledger.next_timer().map(Instant::millis);
+            assert!(
+                hint.is_some_and(|t| t <= until),
+                "next_timer {hint:?} {}",
                 ctx()
             );
         }
