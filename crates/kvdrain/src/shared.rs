@@ -9,7 +9,12 @@ use crate::state_word::{Phase, Snapshot};
 use crate::sync::{AtomicU32, Ordering, fence};
 use crate::tombstones::Tombstones;
 
+/// Aligned to a cache line, so that where its tables' lines fall no longer depends on the
+/// size of the owner's tables laid out before it in the [`Ledger`](crate::Ledger): the
+/// refused holds' 1 KB ring in the owner moved it 1 056 bytes and cost the one-thread
+/// ingest 5 % with the same instructions (`docs/performance.md`).
 #[derive(Debug)]
+#[repr(align(64))]
 pub(crate) struct Shared<const N: usize, const E: usize> {
     /// The fingerprint key, derived from `Config::seed`.
     pub(crate) key: Key,
