@@ -107,7 +107,8 @@ impl RefusedHolds {
         self.taken - self.ended
     }
 
-    fn at(&self, i: usize) -> usize {
+    /// The ring index of the `i`-th entry from the oldest.
+    fn nth(&self, i: usize) -> usize {
         (self.head + i) % REFUSED_HOLD_ENDS
     }
 
@@ -116,7 +117,7 @@ impl RefusedHolds {
         let number = self.taken;
         self.taken += 1;
         if self.len > 0 {
-            let last = self.at(self.len - 1);
+            let last = self.nth(self.len - 1);
             if self.ring[last].at == until {
                 self.ring[last].through = self.taken;
                 return RefusedHold { number, until };
@@ -126,16 +127,16 @@ impl RefusedHolds {
             self.collapse_over(now);
         }
         if self.len == REFUSED_HOLD_ENDS {
-            // Unreachable (module docs); held with the last entry's, longer, if it were not.
+            // Unreachable (see `RefusedHold`); held with the last entry's, longer, if not.
             debug_assert!(false, "the refused holds' ring is full");
-            let last = self.at(self.len - 1);
+            let last = self.nth(self.len - 1);
             self.ring[last] = End {
                 through: self.taken,
                 at: until,
             };
             return RefusedHold { number, until };
         }
-        let slot = self.at(self.len);
+        let slot = self.nth(self.len);
         self.ring[slot] = End {
             through: self.taken,
             at: until,
@@ -147,10 +148,10 @@ impl RefusedHolds {
     /// Folds the entries already over at `now` into their last: each ends no later for it.
     fn collapse_over(&mut self, now: Instant) {
         let over = (0..self.len)
-            .take_while(|&i| self.ring[self.at(i)].at <= now)
+            .take_while(|&i| self.ring[self.nth(i)].at <= now)
             .count();
         if over > 1 {
-            self.head = self.at(over - 1);
+            self.head = self.nth(over - 1);
             self.len -= over - 1;
         }
     }
@@ -166,7 +167,7 @@ impl RefusedHolds {
         let number = self.ended;
         self.ended += 1;
         if self.ended == front.through {
-            self.head = self.at(1);
+            self.head = self.nth(1);
             self.len -= 1;
         }
         Some(RefusedHold {

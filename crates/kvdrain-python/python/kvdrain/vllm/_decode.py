@@ -36,7 +36,7 @@ expectation is refused) sends no ``PUSH_REG`` for it. With one rank that is the 
 it: nothing can be written, and vLLM fails the receive at once. With two or more ranks
 another rank's ``PUSH_REG`` makes the producers write into this rank's blocks too, so the
 refused receive is failed for the client at once but its blocks are held for the whole
-quarantine. The scheduler side admits no more receives than a rank's capacity
+quarantine, timed by the ledger's clock (``Ledger.hold_refused``). The scheduler side admits no more receives than a rank's capacity
 (:mod:`kvdrain.vllm._scheduler`), so a full table is the exception, not the rule. The
 same holds for a failure vLLM raises itself on one rank (a handshake, no remote agents):
 with two or more ranks the ledger keeps tracking the receive, aborted, until its writes
