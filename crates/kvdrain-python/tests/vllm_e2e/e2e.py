@@ -194,7 +194,25 @@ class EngineError(RuntimeError):
 
 
 class EngineTimeout(EngineError):
-    """An engine gave no answer within a call's bound: it hung, or the host froze."""
+    """An engine gave no answer within a call's bound: it hung, or the host froze.
+    ``in_kernel``: the engine's command thread sat in the kernel the whole while the
+    harness sampled it (:func:`held_in_kernel`)."""
+
+    def __init__(self, message: str, *, in_kernel: bool = False) -> None:
+        super().__init__(message)
+        self.in_kernel = in_kernel
+
+
+def held_in_kernel(
+    before: dict[int, tuple[str, str, int]], after: dict[int, tuple[str, str, int]], tid: int
+) -> bool:
+    """Whether thread ``tid`` was in uninterruptible sleep in the kernel (state ``D``) at
+    both samples of :func:`thread_cpu` and gained no CPU between them: waiting on the
+    kernel (an ``mmap`` behind the address space's lock, a disk read), not on anything
+    the engine's code does. A thread that deadlocks on a lock of its own sleeps
+    interruptibly (``S``), and one that spins runs (``R``)."""
+    b, a = before.get(tid), after.get(tid)
+    return b is not None and a is not None and b[1] == a[1] == "D" and a[2] == b[2]
 
 
 HOST_STALL_S = 5.0
@@ -255,6 +273,8 @@ class EngineProc:
     them, and those lines must not be read as the answers to later calls."""
     stalls: tuple[tuple[str, str, float], ...] = ()
     """``(engine, call, seconds)`` of each call that took :data:`HOST_STALL_S` or more."""
+    in_kernel = False
+    """At its last timeout, whether its command thread was held in the kernel."""
 
     def __init__(
         self,
@@ -324,8 +344,10 @@ class EngineProc:
             self.dump_stacks()
             tail = self.tail(200)
             where = self.dump_native_stacks()
+            held = "; its command thread held in the kernel (state D)" if self.in_kernel else ""
             raise EngineTimeout(
-                f"{self.engine_id}: no answer in {timeout_s} s; native stacks in {where}; {tail}"
+                f"{self.engine_id}: no answer in {timeout_s} s{held}; native stacks in {where}; {tail}",
+                in_kernel=self.in_kernel,
             ) from e
         if line is None:
             raise EngineError(f"{self.engine_id}: process ended; {self.tail()}")
@@ -353,14 +375,19 @@ class EngineProc:
 
     def dump_native_stacks(self) -> str:
         """Appends every live process's native stacks (:func:`native_stacks`) to its log;
-        returns the logs' names."""
+        returns the logs' names. Sets :attr:`in_kernel` for the command process's main
+        thread (:func:`held_in_kernel` over the CPU sample)."""
         logs = []
+        self.in_kernel = False
         for p, log in zip(self.processes(), self.process_logs(), strict=True):
             if p.poll() is None:
                 # Sampled before gdb attaches: ptrace stops every thread while it reads.
                 before, t = thread_cpu(p.pid), time.monotonic()
                 time.sleep(CPU_SAMPLE_S)
-                cpu = thread_cpu_table(before, thread_cpu(p.pid), time.monotonic() - t)
+                after = thread_cpu(p.pid)
+                cpu = thread_cpu_table(before, after, time.monotonic() - t)
+                if p is self.proc:  # its main thread runs the commands
+                    self.in_kernel = held_in_kernel(before, after, p.pid)
                 stacks = native_stacks(p.pid)
                 with log.open("a") as f:
                     f.write(f"\n--- native stacks of pid {p.pid} (gdb) ---\n{stacks}\n{cpu}\n")

@@ -28,7 +28,16 @@ from typing import Any
 
 import pytest
 
-from e2e import HOST, HOST_STALL_S, EngineError, EngineProc, EngineTimeout, HostClock, run_until
+from e2e import (
+    HOST,
+    HOST_STALL_S,
+    EngineError,
+    EngineProc,
+    EngineTimeout,
+    HostClock,
+    held_in_kernel,
+    run_until,
+)
 from report import ScenarioLine, SchedulerReport, line_json, report_of, told_once
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -138,10 +147,12 @@ def stalled_try(
     """Whether a failed try is the host's, not the code's: an assertion failed in a try
     during which a call took :data:`~e2e.HOST_STALL_S` or more or the test process itself
     froze; or an engine gave no answer (:class:`~e2e.EngineTimeout`) while the test
-    process froze too, so the whole host did (an engine that hangs alone fails at
-    once). Anything else (an engine's error, a process that ended) is the code's."""
+    process froze too, so the whole host did, or while its command thread sat in the
+    kernel's uninterruptible sleep with no CPU (:func:`~e2e.held_in_kernel`: the kernel
+    held it, not the code). An engine that hangs alone otherwise fails at once; anything
+    else (an engine's error, a process that ended) is the code's."""
     if isinstance(failure, EngineTimeout):
-        return host_froze_s >= HOST_STALL_S
+        return host_froze_s >= HOST_STALL_S or failure.in_kernel
     if isinstance(failure, AssertionError):
         return bool(stalls) or host_froze_s >= HOST_STALL_S
     return False
@@ -177,6 +188,7 @@ def unless_host_stalled(scenario: Callable[..., None]) -> Callable[..., None]:
                         "try": attempt,
                         "stalls": stalls,
                         "host_froze_s": round(froze, 1),
+                        "in_kernel": isinstance(e, EngineTimeout) and e.in_kernel,
                         "failure": str(e).splitlines()[0][:200],
                     }
                 )
@@ -192,7 +204,18 @@ def test_a_failed_try_is_the_host_s_only_with_evidence_of_a_freeze() -> None:
     assert not stalled_try(AssertionError(), [], 0.0)
     assert stalled_try(EngineTimeout("no answer"), [], 156.0)  # the whole host froze
     assert not stalled_try(EngineTimeout("no answer"), slow_call, 0.0)  # it hung alone
+    assert stalled_try(EngineTimeout("no answer", in_kernel=True), [], 0.0)  # the kernel held it
     assert not stalled_try(EngineError("process ended"), slow_call, 156.0)
+
+
+def test_a_thread_is_held_in_the_kernel_only_in_d_with_no_cpu_at_both_samples() -> None:
+    before = {1: ("python", "D", 40), 2: ("python", "D", 7), 3: ("python", "S", 5)}
+    after = {1: ("python", "D", 40), 2: ("python", "D", 9), 3: ("python", "S", 5)}
+    assert held_in_kernel(before, after, 1)
+    assert not held_in_kernel(before, after, 2)  # it ran between the samples
+    assert not held_in_kernel(before, after, 3)  # asleep on a lock of its own
+    assert not held_in_kernel(before, {1: ("python", "R", 41)}, 1)  # it left the kernel
+    assert not held_in_kernel(before, {}, 1)  # the process is gone
 
 
 def test_the_host_clock_sees_a_gap_in_its_own_process() -> None:
