@@ -49,7 +49,7 @@ import json
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +62,7 @@ from kvdrain._errors import (
 )
 from kvdrain._kvdrain import Decision, Ledger, Record
 from kvdrain.vllm._clock import RankClock
+from kvdrain.vllm._closed_ids import ClosedIds
 from kvdrain.vllm._recorder import FlightRecorder, RecordingLedger, refused_at
 from kvdrain.vllm._settings import Settings
 from kvdrain.vllm._topology import block_groups
@@ -107,8 +108,8 @@ Registered = Literal["tracked", "duplicate", "refused", "held"]
 after a preemption); refused with nothing written (one rank: fail it now); refused but
 held for the quarantine (two or more ranks)."""
 
-# Receives no longer waiting, remembered so no PUSH_REG leaves for them late: far more
-# than wait at once.
+# Receives no longer waiting, remembered so no PUSH_REG leaves for them late: for at
+# least this many closes after their own, far more than wait at once.
 _CLOSED_KEPT = 65_536
 
 # Ledger counters that vLLM's own metric "notifications after expiry" stands for.
@@ -278,7 +279,7 @@ class DecodeSide:
         self._fed = threading.Event()
         # Receives whose registration's lifetime ended early, so no PUSH_REG leaves for
         # them late (read by any thread).
-        self._closed: OrderedDict[str, None] = OrderedDict()
+        self._closed = ClosedIds(_CLOSED_KEPT)
         # P request ids of the receives given up, whose heartbeats stop: id -> engine.
         self._silenced: dict[str, str] = {}
         # Cancels owed by a give-up made outside a step's report, for the next one.
@@ -638,10 +639,8 @@ class DecodeSide:
         marked closed first, then its end cleared (:meth:`lifetime_left_ms` reads them in
         the other order, from any thread)."""
         if rec.lifetime_end_ms is not None:
-            self._closed[rid] = None
+            self._closed.close(rid)
             rec.lifetime_end_ms = None
-            while len(self._closed) > _CLOSED_KEPT:
-                self._closed.popitem(last=False)
 
     def _completed(self, rid: str, report: DecodeReport) -> None:
         # The path most receives take, once each: one lookup, the count kept inline.
