@@ -1,6 +1,6 @@
 """End to end over real NIXL with every rank its own process: heterogeneous TP, MLA, PP.
 
-Each engine is a :class:`topo.Engine`: ``tp × pp`` processes in one gloo group, each rank
+Each engine is a :class:`topo.HostedEngine`: ``tp × pp`` processes in one gloo group, each rank
 with its own NIXL agent and DRAM cache, rank 0 also the engine's scheduler (it serves
 every rank's handshake metadata on the side channel and aggregates the ranks' reports
 with vLLM's ``KVOutputAggregator``). One fleet per connector starts once (eight engines,
@@ -46,7 +46,7 @@ import pytest
 
 from e2e import run_until
 from report import SchedulerReport, TopologyLine, line_json, report_of, told_once
-from topo import SUMMARY, Engine, Host
+from topo import SUMMARY, Host, HostedEngine
 
 ROOT = Path(__file__).resolve().parents[4]
 REPORT = Path(
@@ -99,7 +99,7 @@ def producer_ranks(d_rank: int, d_tp: int, p_tp: int) -> list[int]:
     return [d_rank * p_tp // d_tp]
 
 
-def edges_of(P: Engine, D: Engine) -> list[tuple[int, int]]:
+def edges_of(P: HostedEngine, D: HostedEngine) -> list[tuple[int, int]]:
     """(P global rank, D rank) of every WRITE of one request."""
     return [
         (stage * P.tp + p, d)
@@ -142,7 +142,7 @@ class Fleet:
 
     def __init__(self, hosts: Hosts, which: str) -> None:
         self.which = which
-        self.groups: dict[str, Engine] = {}
+        self.groups: dict[str, HostedEngine] = {}
         for h in hosts.hosts.values():
             for eid, e in h.engines.items():
                 name, _, conn = eid.rpartition("-")
@@ -155,7 +155,7 @@ class Fleet:
         self._index += 1
         return self._index
 
-    def alive(self) -> list[Engine]:
+    def alive(self) -> list[HostedEngine]:
         return [g for g in self.groups.values() if g.alive()]
 
 

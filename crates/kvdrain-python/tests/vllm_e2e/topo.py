@@ -1,7 +1,7 @@
 """The test's side of the multi-rank run: one :class:`Host` per engine shape and role,
 ``tp × pp`` processes (``ranks.py``) in one gloo group, hosting the ranks of one or more
-engines (:class:`Engine`); rank 0 (each engine's scheduler process) answers the test.
-Same channel as ``e2e.EngineProc`` (JSON lines), and an :class:`Engine` answers
+engines (:class:`HostedEngine`); rank 0 (each engine's scheduler process) answers the test.
+Same channel as ``e2e.EngineProc`` (JSON lines), and a :class:`HostedEngine` answers
 ``call``/``alive`` as an ``EngineProc`` does, so :func:`e2e.run_until` steps it."""
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class Host(EngineProc):
         threading.Thread(target=self._read, daemon=True).start()
         self._ready_s = ready_s
         self._ready = False
-        self.engines: dict[str, Engine] = {}
+        self.engines: dict[str, HostedEngine] = {}
 
     def wait_ready(self) -> Host:
         if not self._ready:
@@ -100,7 +100,7 @@ class Host(EngineProc):
             if not hello.get("ready"):
                 raise EngineError(f"{self.name}: {hello}")
             for eid, e in hello["engines"].items():
-                self.engines[eid] = Engine(self, eid, int(e["port"]), list(e["ranks"]))
+                self.engines[eid] = HostedEngine(self, eid, int(e["port"]), list(e["ranks"]))
             self._ready = True
         return self
 
@@ -163,7 +163,7 @@ class Host(EngineProc):
             log.close()
 
 
-class Engine:
+class HostedEngine:
     """One engine on a :class:`Host`: what ``e2e.run_until`` and the scenarios call."""
 
     def __init__(self, host: Host, engine_id: str, port: int, ranks: list[dict[str, Any]]) -> None:
